@@ -1,0 +1,56 @@
+import random
+import re
+
+from trl_variants.default import generate_problems, load_default_dataset
+from trl_variants.default.task import generate_problem
+
+
+def _eval_reference(completion: str) -> int:
+    """Re-check every 'a op b = c.' step of the reference completion with Python arithmetic."""
+    steps = re.findall(r"(\d+) ([-+*]) (\d+) = (\d+)\.", completion)
+    assert steps, completion
+    for a, op, b, c in steps:
+        assert eval(f"{a} {op} {b}") == int(c), completion
+    return int(re.search(r"\\boxed\{(\d+)\}", completion).group(1))
+
+
+def test_answers_are_correct_for_every_level():
+    rng = random.Random(0)
+    for level in (1, 2, 3, 4):
+        for _ in range(200):
+            p = generate_problem(rng, level)
+            assert p.level == level
+            assert _eval_reference(p.completion) == p.answer
+            assert p.answer >= 0
+            nums = [int(n) for n in re.findall(r"\d+", p.question)]
+            if level == 3:  # word problem: has a, gets b, gives away c
+                assert nums[0] + nums[1] - nums[2] == p.answer
+            elif level == 4:
+                assert nums[0] * nums[1] + nums[2] == p.answer
+
+
+def test_generation_is_deterministic_in_seed():
+    assert generate_problems(50, seed=3) == generate_problems(50, seed=3)
+    assert generate_problems(50, seed=3) != generate_problems(50, seed=4)
+
+
+def test_dataset_columns_splits_and_disjointness():
+    ds = load_default_dataset(n_train=300, n_test=100, seed=1)
+    assert ds["train"].num_rows == 300 and ds["test"].num_rows == 100
+    assert set(ds["train"].column_names) == {"prompt", "solution", "level"}
+    row = ds["train"][0]
+    assert row["prompt"][0]["role"] == "user" and isinstance(row["solution"], str)
+    train_q = {r[0]["content"] for r in ds["train"]["prompt"]}
+    test_q = {r[0]["content"] for r in ds["test"]["prompt"]}
+    assert not train_q & test_q
+    assert sorted(set(ds["test"]["level"])) == [1, 2, 3, 4]
+    # same seed, same data; the test split does not depend on the training seed
+    again = load_default_dataset(n_train=300, n_test=100, seed=1)
+    assert again["train"]["prompt"] == ds["train"]["prompt"]
+    assert load_default_dataset(n_train=10, n_test=100, seed=2)["test"]["prompt"] == ds["test"]["prompt"]
+
+
+def test_level_weights_and_reference_column():
+    ds = load_default_dataset(n_train=200, n_test=10, levels=(1, 4), weights=(1.0, 0.0), with_reference=True)
+    assert set(ds["train"]["level"]) == {1}
+    assert ds["train"][0]["completion"][0]["content"].endswith("}")

@@ -1,0 +1,184 @@
+import math
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from trl import GRPOConfig, GRPOTrainer
+
+from trl_variants import ERPOConfig, ERPOTrainer, accuracy_reward
+from trl_variants.presample import prompt_logps_from_ids
+
+from ..helpers import DEFAULT_MODEL_PATH, assert_same_grads, fixed_batch, loss_and_grads, small_config, train_dataset
+
+PPO_FAMILY = ["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo"]
+
+
+def _grpo(tmp_path, **kw):
+    return GRPOTrainer(model=DEFAULT_MODEL_PATH, reward_funcs=accuracy_reward,
+                       args=small_config(GRPOConfig, tmp_path / "grpo", **kw), train_dataset=train_dataset())
+
+
+def _erpo(tmp_path, dataset=None, **kw):
+    return ERPOTrainer(model=DEFAULT_MODEL_PATH, reward_funcs=accuracy_reward,
+                       args=small_config(ERPOConfig, tmp_path / "erpo", **kw),
+                       train_dataset=dataset if dataset is not None else train_dataset())
+
+
+def _plain_prompt_logps(trainer, inputs):
+    tok = trainer.processing_class
+    rows = [ids[m.bool()].tolist() for ids, m in zip(inputs["prompt_ids"], inputs["prompt_mask"], strict=True)]
+    return prompt_logps_from_ids(trainer.model, rows, tok.pad_token_id)
+
+
+@pytest.mark.parametrize("loss_type", PPO_FAMILY)
+def test_both_parts_off_is_exactly_grpo(tmp_path, loss_type):
+    grpo = _grpo(tmp_path, loss_type=loss_type)
+    erpo = _erpo(tmp_path, loss_type=loss_type, use_query_weights=False, query_kl_coef=0.0)
+    assert erpo.ref_model is None and "ref_prompt_logp" not in erpo.train_dataset.column_names
+    inputs, _ = fixed_batch(grpo)
+    loss_g, grads_g = loss_and_grads(grpo, inputs)
+    loss_e, grads_e = loss_and_grads(erpo, inputs)
+    assert torch.equal(loss_g, loss_e)
+    assert_same_grads(grads_g, grads_e, atol=0.0)
+
+
+@pytest.mark.parametrize("loss_type", PPO_FAMILY)
+def test_query_kl_adds_alpha_times_k3_and_its_gradient(tmp_path, loss_type):
+    alpha = 0.5
+    grpo = _grpo(tmp_path, loss_type=loss_type)
+    erpo = _erpo(tmp_path, loss_type=loss_type, use_query_weights=False, query_kl_coef=alpha)
+    inputs, _ = fixed_batch(grpo)
+    l_theta = _plain_prompt_logps(erpo, inputs)  # independent plain forward (no fused head)
+    offsets = torch.tensor([0.3, 0.3, -0.2, -0.2])
+    erpo_inputs = dict(inputs, ref_prompt_logps=l_theta + offsets)  # so d = l_ref - l_theta = offsets
+
+    loss_g, grads_g = loss_and_grads(grpo, inputs)
+    loss_e, grads_e = loss_and_grads(erpo, erpo_inputs)
+    expected = alpha * sum(math.exp(d) - d - 1 for d in offsets.tolist()) / 4
+    assert loss_e.item() - loss_g.item() == pytest.approx(expected, abs=2e-5)
+
+    # gradient of the extra term, from scratch: alpha * mean_rows k3(l_ref - l_theta) through a plain forward
+    model = erpo.model
+    ids, mask = inputs["prompt_ids"], inputs["prompt_mask"]
+    logps = torch.log_softmax(model(input_ids=ids, attention_mask=mask).logits[:, :-1], -1)
+    logps = logps.gather(-1, ids[:, 1:, None]).squeeze(-1) * (mask[:, 1:] * mask[:, :-1])
+    d = erpo_inputs["ref_prompt_logps"] - logps.sum(-1)
+    (alpha * (torch.exp(d) - d - 1).mean()).backward()
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(grads_e[name] - grads_g[name], p.grad, atol=2e-5, rtol=1e-3, msg=name)
+    assert erpo.ref_model is None  # Query-KL holds no reference model
+
+
+def test_reference_prompt_logps_equal_policy_at_start(tmp_path):
+    erpo = _erpo(tmp_path, use_query_weights=False)
+    ds = erpo.train_dataset
+    assert "ref_prompt_logp" in ds.column_names
+    inputs, _ = fixed_batch(erpo)
+    # l_ref was computed from the starting policy: Query-KL is 0 before any update
+    first = ds.select([0])["prompt"][0]
+    tok = erpo.processing_class
+    ids = tok.apply_chat_template([first], add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+    plain = prompt_logps_from_ids(erpo.model, ids, tok.pad_token_id)
+    assert ds[0]["ref_prompt_logp"] == pytest.approx(plain.item(), abs=1e-4)
+    assert ds[0]["ref_prompt_logp"] < 0
+
+
+def test_policy_query_weights_match_hand_computed(tmp_path):
+    erpo = _erpo(tmp_path, query_kl_coef=0.0)  # num_generations = 4
+    inputs, _ = fixed_batch(erpo, n_prompts=3, group=4)
+    erpo.model.train()
+    w = erpo._query_weights(None, inputs)
+    l = _plain_prompt_logps(erpo, inputs)[::4]
+    expected = (l.mean() / l).repeat_interleave(4)
+    torch.testing.assert_close(w, expected, atol=1e-5, rtol=1e-5)
+    assert not w.requires_grad
+
+
+def test_reference_query_weights_from_dataset_column(tmp_path):
+    ds = train_dataset(n=16).add_column("ref_prompt_logp", [-10.0, -40.0, -1.0, -20.0] * 4)
+    erpo = _erpo(tmp_path, dataset=ds, query_kl_coef=0.0, query_weight_source="reference", query_weight_max=2.0)
+    rows = [ds[i] for i in range(4)]
+    w = erpo._query_weights(rows, None)
+    torch.testing.assert_close(w, torch.tensor([1.775, 0.44375, 2.0, 0.8875]))  # mean -17.75
+
+
+def test_advantages_are_multiplied_by_query_weights(tmp_path):
+    plain = _erpo(tmp_path, use_query_weights=False, query_kl_coef=0.0)
+    weighted = _erpo(tmp_path, query_kl_coef=0.0)
+    rows = [plain.train_dataset[i] for i in (0, 1) for _ in range(4)]
+    out = {}
+    for name, trainer in (("plain", plain), ("weighted", weighted)):
+        trainer.model.train()
+        torch.manual_seed(7)
+        out[name] = trainer._generate_and_score_completions([dict(r) for r in rows])
+    assert torch.equal(out["plain"]["completion_ids"], out["weighted"]["completion_ids"])
+    w = weighted._query_weights(None, out["weighted"])
+    torch.testing.assert_close(out["weighted"]["advantages"], out["plain"]["advantages"] * w)
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="query_weight_source"):
+        ERPOConfig(output_dir="x", query_weight_source="batch", use_cpu=True, bf16=False)
+    with pytest.raises(ValueError, match="query_kl_coef"):
+        ERPOConfig(output_dir="x", query_kl_coef=-1, use_cpu=True, bf16=False)
+    with pytest.raises(TypeError, match="ERPOConfig"):
+        ERPOTrainer(model=DEFAULT_MODEL_PATH, reward_funcs=accuracy_reward,
+                    args=GRPOConfig(output_dir="x", use_cpu=True, bf16=False))
+
+
+def _weights(path):
+    return load_file(f"{path}/model.safetensors")
+
+
+@pytest.mark.slow
+def test_end_to_end_train_save_reload_resume(tmp_path):
+    out = tmp_path / "run"
+    args = dict(max_steps=2, save_strategy="steps", save_steps=2, per_device_train_batch_size=16,
+                learning_rate=1e-3, output_dir=str(out))
+    trainer = ERPOTrainer(model=DEFAULT_MODEL_PATH, reward_funcs=accuracy_reward,
+                          args=small_config(ERPOConfig, tmp_path, **args), train_dataset=train_dataset(64))
+    trainer.train()
+    logged = {k for h in trainer.state.log_history for k in h}
+    for key in ("query_kl", "query_weight/mean", "query_weight/min", "query_weight/max", "prompt_logp/mean",
+                "policy_prompt_logp/mean", "reward", "entropy", "clip_ratio/region_mean", "completions/mean_length"):
+        assert key in logged, key
+    before, after = _weights(DEFAULT_MODEL_PATH), _weights(out / "checkpoint-2")
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    card = (out / "checkpoint-2" / "README.md").read_text()
+    assert "erpo" in card and "Environmental Regularization" in card
+
+    reloaded = ERPOTrainer(model=str(out / "checkpoint-2"), reward_funcs=accuracy_reward,
+                           args=small_config(ERPOConfig, tmp_path / "r", max_steps=1), train_dataset=train_dataset())
+    assert torch.equal(reloaded.model.lm_head.weight, after["lm_head.weight"]
+                       if "lm_head.weight" in after else after["model.embed_tokens.weight"])
+
+    args.update(max_steps=3)
+    resumed = ERPOTrainer(model=DEFAULT_MODEL_PATH, reward_funcs=accuracy_reward,
+                          args=small_config(ERPOConfig, tmp_path, **args), train_dataset=train_dataset(64))
+    resumed.train(resume_from_checkpoint=str(out / "checkpoint-2"))
+    assert resumed.state.global_step == 3
+
+
+@pytest.mark.slow
+def test_gradient_accumulation_and_steps_per_generation(tmp_path):
+    trainer = _erpo(tmp_path, gradient_accumulation_steps=2, per_device_train_batch_size=8, max_steps=2)
+    assert trainer.args.steps_per_generation == 2
+    trainer.train()
+    qkl = [h["query_kl"] for h in trainer.state.log_history if "query_kl" in h]
+    assert len(qkl) == 2 and all(math.isfinite(v) for v in qkl)
+
+
+@pytest.mark.slow
+def test_peft_lora_trains_adapter_only(tmp_path):
+    from peft import LoraConfig
+
+    trainer = ERPOTrainer(model=DEFAULT_MODEL_PATH, reward_funcs=accuracy_reward,
+                          args=small_config(ERPOConfig, tmp_path, max_steps=2, learning_rate=1e-2),
+                          train_dataset=train_dataset(), peft_config=LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    base = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if "lora" not in n}
+    lora = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if "lora_B" in n}
+    trainer.train()
+    params = dict(trainer.model.named_parameters())
+    assert all(torch.equal(base[n], params[n]) for n in base)
+    assert any(not torch.equal(lora[n], params[n]) for n in lora)
+    assert any("query_kl" in h for h in trainer.state.log_history)

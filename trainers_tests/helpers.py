@@ -1,0 +1,76 @@
+"""Shared test fixtures: small trainer configs and a fixed, hand-built GRPO batch."""
+
+from __future__ import annotations
+
+import torch
+
+from trl_variants.default import DEFAULT_MODEL_PATH, load_default_dataset
+from trl_variants.generation import tokenize_prompts
+
+CPU_ARGS = dict(
+    use_cpu=True, bf16=False, report_to="none", save_strategy="no", logging_steps=1, seed=0,
+    activation_checkpointing=False, disable_tqdm=True,
+)
+
+
+def small_config(config_cls, tmp_path, **overrides):
+    kwargs = dict(
+        output_dir=str(tmp_path), per_device_train_batch_size=8, num_generations=4, max_completion_length=24,
+        learning_rate=1e-3, max_steps=2, **CPU_ARGS,
+    )
+    kwargs.update(overrides)
+    return config_cls(**kwargs)
+
+
+def train_dataset(n=32, seed=0):
+    return load_default_dataset(n_train=n, n_test=8, seed=seed)["train"]
+
+
+def fixed_batch(trainer, n_prompts=2, group=2, seed=0):
+    """A generation-batch dict as ``_generate_and_score_completions`` returns it: the first ``n_prompts`` prompts
+    of the default task, each with ``group`` completions (the reference solution and a wrong variant), fixed
+    advantages. Row ``i`` belongs to prompt ``i // group``."""
+    ds = load_default_dataset(n_train=n_prompts, n_test=1, seed=seed, with_reference=True)["train"]
+    tok = trainer.processing_class
+    p_ids = tokenize_prompts(tok, ds["prompt"])
+    comps = []
+    for row in ds["completion"]:
+        good = row[0]["content"]
+        comps += [good, good.replace("\\boxed{", "\\boxed{1")][:group] + [good] * max(0, group - 2)
+    c_ids = [tok(c, add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for c in comps]
+    rows_p = [p for p in p_ids for _ in range(group)]
+    P, C = max(map(len, rows_p)), max(map(len, c_ids))
+    n = len(rows_p)
+    prompt_ids = torch.full((n, P), tok.pad_token_id)
+    prompt_mask = torch.zeros((n, P), dtype=torch.long)
+    completion_ids = torch.full((n, C), tok.pad_token_id)
+    completion_mask = torch.zeros((n, C), dtype=torch.long)
+    for i, (p, c) in enumerate(zip(rows_p, c_ids, strict=True)):
+        prompt_ids[i, P - len(p):], prompt_mask[i, P - len(p):] = torch.tensor(p), 1
+        completion_ids[i, : len(c)], completion_mask[i, : len(c)] = torch.tensor(c), 1
+    advantages = torch.tensor([1.0, -1.0] * (n // 2) + [0.5] * (n % 2))
+    return {
+        "prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "completion_ids": completion_ids,
+        "completion_mask": completion_mask, "advantages": advantages, "num_items_in_batch": completion_mask.sum(),
+    }, ds
+
+
+def loss_and_grads(trainer, inputs):
+    model = trainer.model
+    model.train()
+    model.zero_grad(set_to_none=True)
+    trainer.current_gradient_accumulation_steps = 1
+    loss = trainer.compute_loss(model, inputs)
+    loss.backward()
+    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    return loss.detach(), grads
+
+
+def assert_same_grads(a, b, atol=1e-7):
+    assert a.keys() == b.keys()
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], atol=atol, rtol=1e-5, msg=name)
+
+
+__all__ = ["DEFAULT_MODEL_PATH", "CPU_ARGS", "fixed_batch", "loss_and_grads", "small_config", "train_dataset"]

@@ -1,0 +1,63 @@
+"""The pure loss functions against numbers computed by hand from the papers' formulas."""
+
+import math
+
+import pytest
+import torch
+
+from trl_variants import losses
+
+
+# ---------------------------------------------------------------------------------------------------- ERPO ---
+def test_query_weights_hand_computed():
+    # mean(l) = -20 -> w = -20 / l
+    w = losses.query_weights(torch.tensor([-10.0, -20.0, -30.0]))
+    torch.testing.assert_close(w, torch.tensor([2.0, 1.0, 2.0 / 3.0]))
+
+
+def test_query_weights_carry_no_gradient_and_reject_bad_input():
+    l = torch.tensor([-3.0, -5.0], requires_grad=True)
+    assert not losses.query_weights(l).requires_grad
+    with pytest.raises(ValueError, match="< 0"):
+        losses.query_weights(torch.tensor([-1.0, 0.0]))
+    with pytest.raises(ValueError, match="1-D"):
+        losses.query_weights(torch.zeros(0))
+
+
+def test_reference_query_weights_clip():
+    w = losses.reference_query_weights(torch.tensor([-10.0, -40.0, -1.0]), dataset_mean=-20.0, max_weight=2.0)
+    torch.testing.assert_close(w, torch.tensor([2.0, 0.5, 2.0]))  # -20/-1 = 20 clipped to 2
+
+
+def test_query_kl_k3_and_k1_values():
+    l_theta = torch.tensor([-11.0, -10.0, -50.0])
+    l_ref = torch.tensor([-10.0, -10.0, -10.0])
+    # d = l_ref - l_theta = [1, 0, 40 -> clamped to 20]
+    k3 = losses.query_kl(l_theta, l_ref, "k3")
+    torch.testing.assert_close(k3, torch.tensor([math.e - 2.0, 0.0, 10.0]))
+    k1 = losses.query_kl(l_theta, l_ref, "k1")
+    torch.testing.assert_close(k1, torch.tensor([-1.0, 0.0, -40.0]))
+    with pytest.raises(ValueError, match="k3"):
+        losses.query_kl(l_theta, l_ref, "k2")
+
+
+def test_query_kl_gradient_flows_through_policy_only():
+    l_theta = torch.tensor([-11.0], requires_grad=True)
+    l_ref = torch.tensor([-10.0], requires_grad=True)
+    losses.query_kl(l_theta, l_ref).sum().backward()
+    # d/dl_theta (exp(d) - d - 1) with d = l_ref - l_theta  =  1 - exp(d)
+    torch.testing.assert_close(l_theta.grad, torch.tensor([1.0 - math.e]))
+    assert l_ref.grad is None
+
+
+# ---------------------------------------------------------------------------------------------------- A*-PO ---
+def test_optimal_value_hand_computed_and_limits():
+    r = torch.tensor([[1.0, 0.0, 0.0, 1.0], [0.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]])
+    # beta = 0.5: 0.5 * log((2 e^2 + 2) / 4) = 0.5 * log((e^2 + 1) / 2)
+    expected = torch.tensor([0.5 * math.log((math.e**2 + 1) / 2), 0.0, 1.0])
+    torch.testing.assert_close(losses.optimal_value(r, 0.5), expected)
+    torch.testing.assert_close(losses.optimal_value(r, 1e-4), torch.tensor([1.0, 0.0, 1.0]), atol=1e-3, rtol=0)
+    torch.testing.assert_close(losses.optimal_value(r, 1e8), r.mean(-1), atol=1e-6, rtol=0)
+    torch.testing.assert_close(losses.optimal_value(r, math.inf), r.mean(-1))
+    with pytest.raises(ValueError, match="beta"):
+        losses.optimal_value(r, 0.0)

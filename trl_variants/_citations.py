@@ -1,0 +1,20 @@
+"""BibTeX entries for the model cards (each trainer cites its paper and GRPO, which it extends)."""
+
+GRPO = """@article{shao2024deepseekmath,
+    title        = {{DeepSeekMath: Pushing the Limits of Mathematical Reasoning in Open Language Models}},
+    author       = {Zhihong Shao and Peiyi Wang and Qihao Zhu and Runxin Xu and Junxiao Song and Mingchuan Zhang and Y. K. Li and Y. Wu and Daya Guo},
+    year         = 2024,
+    eprint       = {arXiv:2402.03300},
+}"""
+
+ERPO = """@misc{erpo2025,
+    title        = {{Beyond the Stability-Exploration Dilemma: Environmental Regularization for LLM Policy Optimization}},
+    author       = {Anonymous},
+    year         = 2025,
+    note         = {Preprint under double-blind review},
+}"""
+
+
+def paper(title: str, arxiv_id: str | None, entry: str) -> dict:
+    """A ``_paper`` dict for TRL's model card: the method's entry first, then GRPO's."""
+    return {"title": title, "id": arxiv_id, "citation": entry + "\n\n" + GRPO}

@@ -1,0 +1,4 @@
+from .config import ERPOConfig
+from .trainer import ERPOTrainer
+
+__all__ = ["ERPOConfig", "ERPOTrainer"]

@@ -1,0 +1,79 @@
+"""Configuration of :class:`~trl_variants.ERPOTrainer`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from trl import GRPOConfig
+
+
+@dataclass
+class ERPOConfig(GRPOConfig):
+    r"""
+    Configuration for [`ERPOTrainer`]: GRPO plus ERPO's query-weighted advantages and Query-KL (ALGORITHMS.md, ERPO;
+    "Beyond the Stability-Exploration Dilemma: Environmental Regularization for LLM Policy Optimization", Sec. 4).
+
+    Every [`~trl.GRPOConfig`] field applies. Defaults follow the paper: Query-KL coefficient ``alpha = 0.01`` with the
+    k3 estimator, policy KL ``beta = 0`` (Query-KL replaces it), temperature 1.0, 8 rollouts per prompt. With
+    ``use_query_weights=False`` and ``query_kl_coef=0`` the trainer is exactly GRPOTrainer.
+
+    Parameters:
+        use_query_weights (`bool`, defaults to `True`):
+            Multiply the advantages of every completion of prompt ``s`` by ``w_B(s) = mean_B(l) / l(s)`` (eq. 8),
+            ``l(s)`` the prompt log-likelihood. Paper ablation "GRPO + w(s)" when ``query_kl_coef = 0``.
+        query_weight_source (`str`, defaults to `"policy"`):
+            ``"policy"``: ``l`` from the current policy (rollout weights, stop-gradient), mean over the distinct prompts
+            of the generation batch on all processes. ``"reference"`` (later version of the paper): fixed weights
+            ``clip(mean_dataset(l_ref) / l_ref(s), 0, query_weight_max)`` from the reference pass.
+        query_weight_max (`float`, defaults to `2.0`):
+            Upper clip of the reference-derived weights.
+        query_kl_coef (`float`, defaults to `0.01`):
+            ``alpha``: coefficient of the Query-KL term ``alpha * mean_s k(l_ref(s) - l_theta(s))`` (eq. 10-11).
+            ``0`` disables it (paper ablation "GRPO + w(s)").
+        query_kl_estimator (`str`, defaults to `"k3"`):
+            ``"k3"``: ``exp(d) - d - 1`` (clamped as in ALGORITHMS.md); ``"k1"``: ``-d`` (eq. 11 literally).
+        ref_prompt_logp_column (`str`, defaults to `"ref_prompt_logp"`):
+            Dataset column holding ``l_ref(s)``. When absent, the trainer computes it once before training from the
+            model it was given (the frozen starting policy); ``trl-variants presample`` can precompute it.
+        reference_batch_size (`int`, defaults to `8`):
+            Prompts per forward pass in that one-off reference pass.
+    """
+
+    use_query_weights: bool = field(
+        default=True, metadata={"help": "Multiply each prompt's advantages by w_B(s) = mean_B(l) / l(s) (eq. 8)."}
+    )
+    query_weight_source: str = field(
+        default="policy",
+        metadata={"help": "'policy' (current policy, per batch) or 'reference' (fixed, clipped to query_weight_max).",
+                  "choices": ["policy", "reference"]},
+    )
+    query_weight_max: float = field(default=2.0, metadata={"help": "Upper clip of reference-derived query weights."})
+    query_kl_coef: float = field(
+        default=0.01, metadata={"help": "alpha, the Query-KL coefficient (eq. 10); 0 disables Query-KL."}
+    )
+    query_kl_estimator: str = field(
+        default="k3", metadata={"help": "Query-KL estimator: 'k3' or 'k1'.", "choices": ["k3", "k1"]}
+    )
+    ref_prompt_logp_column: str = field(
+        default="ref_prompt_logp", metadata={"help": "Dataset column with the reference prompt log-likelihood."}
+    )
+    reference_batch_size: int = field(default=8, metadata={"help": "Prompts per forward in the reference pass."})
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.query_weight_source not in ("policy", "reference"):
+            raise ValueError(
+                f"query_weight_source must be 'policy' or 'reference', got {self.query_weight_source!r}"
+            )
+        if self.query_kl_estimator not in ("k3", "k1"):
+            raise ValueError(f"query_kl_estimator must be 'k3' or 'k1', got {self.query_kl_estimator!r}")
+        if self.query_kl_coef < 0:
+            raise ValueError(f"query_kl_coef (alpha) must be >= 0, got {self.query_kl_coef}")
+        if self.query_weight_max <= 0:
+            raise ValueError(f"query_weight_max must be > 0, got {self.query_weight_max}")
+        if self.reference_batch_size < 1:
+            raise ValueError(f"reference_batch_size must be >= 1, got {self.reference_batch_size}")
+
+    @property
+    def needs_reference_prompt_logps(self) -> bool:
+        return self.query_kl_coef > 0 or (self.use_query_weights and self.query_weight_source == "reference")

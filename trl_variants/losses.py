@@ -1,0 +1,145 @@
+"""The algorithms' math as small pure functions on tensors (no trainer state, no I/O).
+
+Each function is named after what it computes and cites the equation it implements. The trainers call these; they
+are also public API. Equation numbers refer to the papers in ``shared/papers`` as summarised in ALGORITHMS.md.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+__all__ = [
+    "apo_loss",
+    "f_divergence",
+    "optimal_value",
+    "query_kl",
+    "query_weights",
+    "reference_query_weights",
+    "unlearning_loss",
+]
+
+
+# ----------------------------------------------------------------------------------------------------- ERPO ---
+def query_weights(prompt_logps: torch.Tensor) -> torch.Tensor:
+    """ERPO query weights, eq. (8) / App. G: ``w_B(s) = mean_B(l) / l(s)``.
+
+    Args:
+        prompt_logps: 1-D tensor, one log-likelihood ``l(s) = log P_theta(s)`` (< 0) per distinct prompt of batch B.
+    Returns:
+        1-D tensor of weights (mean 1 in harmonic sense; likelier prompts, ``l`` closer to 0, get weights > 1).
+        Computed under stop-gradient: the result carries no graph.
+    """
+    if prompt_logps.dim() != 1 or prompt_logps.numel() == 0:
+        raise ValueError(f"prompt_logps must be a non-empty 1-D tensor, got shape {tuple(prompt_logps.shape)}")
+    l = prompt_logps.detach().float()
+    if (l >= 0).any():
+        raise ValueError("prompt log-likelihoods must be < 0 (a prompt of at least one scored token)")
+    return l.mean() / l
+
+
+def reference_query_weights(ref_prompt_logps: torch.Tensor, dataset_mean: float, max_weight: float = 2.0):
+    """ERPO query weights from the frozen reference (later version of the paper):
+    ``w(s) = clip(mean_dataset(l_ref) / l_ref(s), 0, max_weight)``, fixed for the whole run."""
+    return (dataset_mean / ref_prompt_logps.detach().float()).clamp(0.0, max_weight)
+
+
+def query_kl(
+    policy_prompt_logps: torch.Tensor, ref_prompt_logps: torch.Tensor, estimator: str = "k3"
+) -> torch.Tensor:
+    """ERPO Query-KL, eq. (10)-(11): per-prompt KL estimate from ``d = l_ref(s) - l_theta(s)``.
+
+    ``"k3"`` (default): ``exp(d) - d - 1`` with ``d`` clamped to [-20, 20] and the result clamped to at most 10;
+    ``"k1"`` (eq. 11 literally): ``-d = l_theta - l_ref``. Returns one value per prompt (same shape as the inputs);
+    the caller averages over distinct prompts. Gradient flows through ``policy_prompt_logps`` only.
+    """
+    d = ref_prompt_logps.detach() - policy_prompt_logps
+    if estimator == "k3":
+        d = d.clamp(-20.0, 20.0)
+        return (torch.exp(d) - d - 1.0).clamp(max=10.0)
+    if estimator == "k1":
+        return -d
+    raise ValueError(f"estimator must be 'k3' or 'k1', got {estimator!r}")
+
+
+# ----------------------------------------------------------------------------------------------------- EEPO ---
+def unlearning_loss(
+    per_token_logps: torch.Tensor, completion_mask: torch.Tensor, eps_low: float, eps_high: float
+) -> torch.Tensor:
+    """EEPO rollout-model unlearning objective, eq. (7)-(11), as a loss to MINIMISE:
+    ``U = mean_seq mean_tok -log(1 - clip(p, eps_low, 1 - eps_high))``, ``p = exp(per_token_logps)``.
+
+    Descending U lowers the probability of the sampled tokens. Where ``p`` is clipped the gradient is zero.
+    Sequences with no unmasked token are ignored.
+    """
+    if not (0.0 <= eps_low < 1.0 - eps_high <= 1.0):
+        raise ValueError(f"need 0 <= eps_low < 1 - eps_high <= 1, got eps_low={eps_low}, eps_high={eps_high}")
+    mask = completion_mask.to(per_token_logps.dtype)
+    p = torch.exp(per_token_logps).clamp(eps_low, 1.0 - eps_high)
+    per_token = -torch.log1p(-p)
+    lengths = mask.sum(-1)
+    seq_mean = (per_token * mask).sum(-1) / lengths.clamp(min=1.0)
+    valid = lengths > 0
+    return seq_mean[valid].mean() if valid.any() else per_token.sum() * 0.0
+
+
+# --------------------------------------------------------------------------------------------------- DPH-RL ---
+DIVERGENCES = ("forward_kl", "reverse_kl", "js", "alpha", "forward_kl_k3")
+
+
+def f_divergence(log_ratio: torch.Tensor, divergence: str = "js", alpha: float = 0.2) -> torch.Tensor:
+    """DPH-RL generator ``f(u)``, eq. (6) and Table 5, elementwise with ``u = exp(log_ratio)``,
+    ``log_ratio = log pi_theta - log pi_ref`` on stored reference tokens (p = pi_theta, q = pi_ref):
+
+    ===============  =====================================================
+    forward_kl       ``f(u) = -log u``
+    reverse_kl       ``f(u) = u log u``
+    js               ``f(u) = (u log u)/2 - ((u+1)/2) log((u+1)/2)``
+    alpha            ``f(u) = (u^(1-a) - (1-a) u - a) / (a (a-1))``, a not in {0, 1}
+    forward_kl_k3    ``f(u) = u - log u - 1`` (the authors' code; same expectation as forward_kl under pi_ref)
+    ===============  =====================================================
+
+    All satisfy ``f(1) = 0``. ``u`` is not clipped.
+    """
+    if divergence == "forward_kl":
+        return -log_ratio
+    u = torch.exp(log_ratio)
+    if divergence == "reverse_kl":
+        return u * log_ratio
+    if divergence == "js":
+        half = (u + 1.0) / 2.0
+        return 0.5 * u * log_ratio - half * torch.log(half)
+    if divergence == "alpha":
+        if alpha in (0.0, 1.0):
+            raise ValueError("alpha-divergence needs alpha not in {0, 1} (those limits are the KL divergences)")
+        return (torch.exp((1.0 - alpha) * log_ratio) - (1.0 - alpha) * u - alpha) / (alpha * (alpha - 1.0))
+    if divergence == "forward_kl_k3":
+        return u - log_ratio - 1.0
+    raise ValueError(f"divergence must be one of {DIVERGENCES}, got {divergence!r}")
+
+
+# ---------------------------------------------------------------------------------------------------- A*-PO ---
+def optimal_value(rewards: torch.Tensor, beta: float) -> torch.Tensor:
+    """A*-PO optimal value estimate, eq. (1) with N samples from pi_ref:
+    ``V_hat(x) = beta * log( (1/N) sum_i exp(r_i / beta) )`` over the last dimension, via logsumexp.
+
+    Limits: ``beta -> 0`` gives ``max_i r_i``; ``beta -> inf`` gives ``mean_i r_i``. ``beta = inf`` is accepted
+    and returns the mean exactly.
+    """
+    if not beta > 0:
+        raise ValueError(f"beta must be > 0, got {beta}")
+    out_dtype = rewards.dtype if rewards.is_floating_point() else torch.get_default_dtype()
+    r = rewards.double()  # float64: the beta -> inf limit needs the precision
+    if math.isinf(beta):
+        return r.mean(-1).to(out_dtype)
+    n = r.size(-1)
+    return (beta * (torch.logsumexp(r / beta, dim=-1) - math.log(n))).to(out_dtype)
+
+
+def apo_loss(seq_log_ratio: torch.Tensor, rewards: torch.Tensor, values: torch.Tensor, beta: float):
+    """A*-PO stage-2 regression loss: ``mean_batch ( beta * log(pi/pi_ref)(y|x) - (r - V_hat(x)) )^2``.
+
+    ``seq_log_ratio`` is the sequence log-ratio (sum over completion tokens). No clipping, no normalisation.
+    """
+    return ((beta * seq_log_ratio - (rewards - values)) ** 2).mean()
