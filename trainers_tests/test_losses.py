@@ -61,3 +61,26 @@ def test_optimal_value_hand_computed_and_limits():
     torch.testing.assert_close(losses.optimal_value(r, math.inf), r.mean(-1))
     with pytest.raises(ValueError, match="beta"):
         losses.optimal_value(r, 0.0)
+
+
+# ----------------------------------------------------------------------------------------------------- EEPO ---
+def test_unlearning_loss_hand_computed_with_clipping():
+    eps_low, eps_high = 1e-6, 1e-3
+    p = torch.tensor([[0.5, 0.9999999], [1e-9, 0.3]], dtype=torch.float64)
+    logps = torch.log(p).requires_grad_(True)
+    mask = torch.tensor([[1, 1], [1, 0]])
+    u = losses.unlearning_loss(logps, mask, eps_low, eps_high)
+    # seq 1: -log(1-0.5) and -log(1-0.999) (clipped); seq 2: -log(1-1e-6) (clipped); padding ignored
+    expected = ((-math.log(0.5) - math.log(1e-3)) / 2 + -math.log(1 - 1e-6)) / 2
+    assert u.item() == pytest.approx(expected, rel=1e-9)
+    u.backward()
+    # d/dlogp of -log(1-p) = p / (1-p) for unclipped tokens; 0 for clipped ones and padding
+    torch.testing.assert_close(logps.grad, torch.tensor([[0.25 * 1.0, 0.0], [0.0, 0.0]], dtype=torch.float64))
+    with pytest.raises(ValueError, match="eps_low"):
+        losses.unlearning_loss(logps, mask, 0.6, 0.5)
+
+
+def test_unlearning_loss_descent_lowers_probabilities():
+    logps = torch.log(torch.tensor([[0.2, 0.7, 0.9]])).requires_grad_(True)
+    losses.unlearning_loss(logps, torch.ones(1, 3), 1e-6, 1e-3).backward()
+    assert (logps.grad > 0).all()  # a descent step (logps -= lr * grad) lowers every sampled token's log-prob

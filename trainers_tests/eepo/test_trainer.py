@@ -1,0 +1,198 @@
+import copy
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+from trl import GRPOConfig, GRPOTrainer
+
+from trl_variants import EEPOConfig, EEPOTrainer, accuracy_reward
+from trl_variants.eepo.config import check_whole_groups
+from trl_variants.losses import unlearning_loss
+
+from ..helpers import DEFAULT_MODEL_PATH, assert_same_grads, fixed_batch, loss_and_grads, small_config, train_dataset
+
+
+def _eepo(tmp_path, **kw):
+    kw.setdefault("entropy_gate", "always")
+    return EEPOTrainer(model=DEFAULT_MODEL_PATH, reward_funcs=accuracy_reward,
+                       args=small_config(EEPOConfig, tmp_path / "eepo", **kw), train_dataset=train_dataset())
+
+
+def _prompt_rows(trainer, n_prompts=2):
+    tok = trainer.processing_class
+    ds = trainer.train_dataset.select(range(n_prompts))
+    ids = tok.apply_chat_template(list(ds["prompt"]), add_generation_prompt=True, tokenize=True, return_dict=True)
+    G = trainer.num_generations
+    return [ids["input_ids"][i] for i in range(n_prompts) for _ in range(G)]
+
+
+def _plain_logps(model, prompts, completions, temperature=1.0):
+    """Completion-token log-probs with the model's plain forward (no TRL fused head), one row at a time."""
+    out = []
+    for p, c in zip(prompts, completions, strict=True):
+        ids = torch.tensor([p + c])
+        logits = model(input_ids=ids).logits[0, :-1] / temperature
+        out.append(torch.log_softmax(logits, -1).gather(-1, ids[0, 1:, None]).squeeze(-1)[-len(c):])
+    return out
+
+
+@pytest.mark.parametrize("loss_type", ["dapo", "grpo"])
+def test_gate_off_is_exactly_grpo(tmp_path, loss_type):
+    grpo = GRPOTrainer(model=DEFAULT_MODEL_PATH, reward_funcs=accuracy_reward,
+                       args=small_config(GRPOConfig, tmp_path / "g", loss_type=loss_type), train_dataset=train_dataset())
+    eepo = _eepo(tmp_path, loss_type=loss_type, entropy_gate="never")
+    inputs, _ = fixed_batch(grpo)
+    loss_g, grads_g = loss_and_grads(grpo, inputs)
+    loss_e, grads_e = loss_and_grads(eepo, inputs)
+    assert torch.equal(loss_g, loss_e)
+    assert_same_grads(grads_g, grads_e, atol=0.0)
+
+
+def test_rollout_restores_weights_and_stage2_old_logps_come_from_unlearned_weights(tmp_path):
+    eepo = _eepo(tmp_path, unlearning_lr=0.5)  # a large step so the effect is far above float noise
+    model = eepo.model
+    model.train()
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    frozen = AutoModelForCausalLM.from_pretrained(DEFAULT_MODEL_PATH)  # same start weights, unpatched forward
+    prompts = _prompt_rows(eepo)
+    torch.manual_seed(0)
+    completions, _ = eepo._generate_single_turn(prompts, None, {}, eepo.num_generations)
+    old_rows = eepo._pending_old_logps
+
+    # 1. the policy is bit-identical after the rollout, and no gradient was left behind
+    for n, p in model.named_parameters():
+        assert torch.equal(p, before[n]), n
+        assert p.grad is None, n
+
+    # 2. the same step, recomputed independently: plain forward, the paper's loss, one SGD step on a copy
+    G, half = eepo.num_generations, eepo.num_generations // 2
+    s1 = [i for i in range(len(prompts)) if i % G < half]
+    s2 = [i for i in range(len(prompts)) if i % G >= half]
+    logps1 = _plain_logps(frozen, [prompts[i] for i in s1], [completions[i] for i in s1])
+    width = max(len(x) for x in logps1)
+    padded = torch.stack([torch.nn.functional.pad(x, (0, width - len(x))) for x in logps1])
+    mask = torch.stack([torch.nn.functional.pad(torch.ones(len(x)), (0, width - len(x))) for x in logps1])
+    u = unlearning_loss(padded, mask, eepo.args.unlearning_eps_low, eepo.args.unlearning_eps_high)
+    params = [p for p in frozen.parameters() if p.requires_grad]
+    grads = torch.autograd.grad(u, params)
+    with torch.no_grad():
+        pre2 = _plain_logps(frozen, [prompts[i] for i in s2], [completions[i] for i in s2])
+    unlearned = frozen
+    with torch.no_grad():
+        for p, g in zip(params, grads, strict=True):
+            p.sub_(0.5 * g)
+        # stage-2 old log-probs = a forward pass of the unlearned weights on the stage-2 completions
+        expected2 = _plain_logps(unlearned, [prompts[i] for i in s2], [completions[i] for i in s2])
+        # tolerance: TRL's fused LM-head gradient differs from plain autograd by ~1e-4 relative, times lr 0.5
+        moved = []
+        for k, i in enumerate(s2):
+            torch.testing.assert_close(torch.tensor(old_rows[i]), expected2[k], atol=1e-2, rtol=0)
+            moved.append((expected2[k] - pre2[k]).abs().max().item())
+        assert max(moved) > 0.1, moved  # the step moved them far more than the tolerance
+        # stage-1 old log-probs = the restored (current) policy
+        expected1 = _plain_logps(model, [prompts[i] for i in s1], [completions[i] for i in s1])
+        for k, i in enumerate(s1):
+            torch.testing.assert_close(torch.tensor(old_rows[i]), expected1[k], atol=2e-4, rtol=1e-3)
+        # 3. the step lowered the stage-1 sequence log-probs
+        after1 = _plain_logps(unlearned, [prompts[i] for i in s1], [completions[i] for i in s1])
+    drops = [(a.sum() - b.sum()).item() for a, b in zip(after1, expected1, strict=True)]
+    assert sum(drops) / len(drops) < 0 and sum(d < 0 for d in drops) >= len(drops) - 1, drops
+    assert eepo._metrics["train"]["eepo/stage1_logp_change"][-1] < 0
+
+
+def test_optimizer_state_and_accumulated_grads_untouched(tmp_path):
+    eepo = _eepo(tmp_path, max_steps=1)
+    eepo.train()  # one real step: the optimizer now has state
+    opt_state = copy.deepcopy(eepo.optimizer.state_dict())
+    model = eepo.model
+    model.train()
+    for p in model.parameters():  # pretend a gradient-accumulation window is open
+        p.grad = torch.full_like(p, 0.125)
+    rows = [dict(eepo.train_dataset[i]) for i in (0, 1) for _ in range(eepo.num_generations)]
+    eepo._generate_and_score_completions(rows)
+    assert all(torch.equal(p.grad, torch.full_like(p, 0.125)) for p in model.parameters())
+    new_state = eepo.optimizer.state_dict()
+    for k, v in opt_state["state"].items():
+        for name, t in v.items():
+            assert torch.equal(torch.as_tensor(t), torch.as_tensor(new_state["state"][k][name])), (k, name)
+
+
+def test_gate_follows_moving_average(tmp_path):
+    eepo = _eepo(tmp_path, entropy_gate="auto", entropy_threshold=0.3, entropy_window=2)
+    eepo.model.train()
+    prompts = _prompt_rows(eepo, 1)
+    eepo._entropy_history.extend([0.0])  # a collapsed past step: the average falls below alpha
+    eepo._generate_single_turn(prompts, None, {}, eepo.num_generations)
+    h = eepo._metrics["train"]["eepo/entropy_stage1"][-1]
+    assert eepo._metrics["train"]["eepo/entropy_moving_avg"][-1] == pytest.approx(h / 2)
+    assert eepo._metrics["train"]["eepo/gate"][-1] == float(h / 2 < 0.3)
+    eepo._entropy_history.clear()
+    eepo._entropy_history.extend([5.0, 5.0])  # high entropy: no unlearning
+    eepo._generate_single_turn(prompts, None, {}, eepo.num_generations)
+    assert eepo._metrics["train"]["eepo/gate"][-1] == 0.0 and eepo._pending_old_logps is None
+
+
+def test_config_validation():
+    common = dict(output_dir="x", use_cpu=True, bf16=False)
+    with pytest.raises(ValueError, match="must be even"):
+        EEPOConfig(num_generations=3, per_device_train_batch_size=6, **common)
+    with pytest.raises(ValueError, match="6 \\* 1 = 6 is not a multiple of num_generations = 4"):
+        check_whole_groups(6, 1, 4)  # e.g. 2 processes sharing a generation batch of 12 rows
+    check_whole_groups(6, 2, 4)
+    with pytest.raises(ValueError, match="entropy_gate"):
+        EEPOConfig(num_generations=4, per_device_train_batch_size=8, entropy_gate="sometimes", **common)
+
+
+@pytest.mark.slow
+def test_end_to_end_gate_on_save_resume(tmp_path):
+    out = tmp_path / "run"
+    kw = dict(max_steps=2, save_strategy="steps", save_steps=2, output_dir=str(out), entropy_gate="always")
+    trainer = EEPOTrainer(model=DEFAULT_MODEL_PATH, reward_funcs=accuracy_reward,
+                          args=small_config(EEPOConfig, tmp_path, **kw), train_dataset=train_dataset())
+    trainer.train()
+    logged = {k for h in trainer.state.log_history for k in h}
+    for key in ("eepo/entropy_stage1", "eepo/entropy_stage2", "eepo/entropy_moving_avg", "eepo/gate",
+                "eepo/unlearning_loss", "eepo/stage1_logp_change", "reward", "entropy", "clip_ratio/region_mean"):
+        assert key in logged, key
+    history = list(trainer._entropy_history)
+    assert len(history) == 2
+    assert "eepo" in (out / "README.md").read_text()
+    kw.update(max_steps=3, entropy_gate="auto")
+    resumed = EEPOTrainer(model=DEFAULT_MODEL_PATH, reward_funcs=accuracy_reward,
+                          args=small_config(EEPOConfig, tmp_path, **kw), train_dataset=train_dataset())
+    resumed.train(resume_from_checkpoint=str(out / "checkpoint-2"))
+    assert resumed.state.global_step == 3
+    assert list(resumed._entropy_history)[:2] == history  # gate state came back from the checkpoint
+
+
+@pytest.mark.slow
+def test_two_process_ddp_training_keeps_ranks_in_sync(tmp_path):
+    script = tmp_path / "ddp.py"
+    script.write_text(f"""
+import torch
+torch.set_num_threads(1)
+from accelerate.utils import gather_object
+from trl_variants import EEPOConfig, EEPOTrainer, accuracy_reward, load_default_dataset
+from trl_variants.default import DEFAULT_MODEL_PATH
+args = EEPOConfig(output_dir={str(tmp_path / 'out')!r}, use_cpu=True, bf16=False, activation_checkpointing=False,
+                  report_to="none", save_strategy="no", per_device_train_batch_size=8, num_generations=4,
+                  max_completion_length=16, max_steps=2, entropy_gate="always", learning_rate=1e-3, disable_tqdm=True)
+t = EEPOTrainer(model=DEFAULT_MODEL_PATH, reward_funcs=accuracy_reward, args=args,
+                train_dataset=load_default_dataset(64, 4)["train"])
+assert t.accelerator.num_processes == 2
+t.train()
+digest = float(sum(p.double().sum() for p in t.model.parameters()))
+digests = gather_object([digest])
+assert digests[0] == digests[1], digests
+assert any("eepo/gate" in h for h in t.state.log_history)
+print("OK", digests)
+""")
+    env = dict(os.environ, ACCELERATE_USE_CPU="1", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
+    torchrun = Path(sys.executable).parent / "torchrun"
+    proc = subprocess.run([str(torchrun), "--nproc_per_node", "2", "--master_port", "29531", str(script)], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.count("OK") == 2, proc.stderr[-3000:]

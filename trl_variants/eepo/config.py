@@ -1,0 +1,67 @@
+"""Configuration of :class:`~trl_variants.EEPOTrainer`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from trl import GRPOConfig
+
+
+def check_whole_groups(per_device_train_batch_size: int, steps_per_generation: int, num_generations: int) -> None:
+    """Each process must generate whole groups (stage 2 of a prompt follows its own stage 1 on the same process)."""
+    rows = per_device_train_batch_size * steps_per_generation
+    if rows % num_generations:
+        raise ValueError(
+            f"EEPO needs whole groups on every process: per_device_train_batch_size * steps_per_generation = "
+            f"{per_device_train_batch_size} * {steps_per_generation} = {rows} is not a multiple of num_generations = "
+            f"{num_generations}; change per_device_train_batch_size (or gradient_accumulation_steps / "
+            "steps_per_generation) so that it is"
+        )
+
+
+@dataclass
+class EEPOConfig(GRPOConfig):
+    r"""
+    Configuration for [`EEPOTrainer`]: GRPO with two-stage sample-then-forget rollouts (ALGORITHMS.md, EEPO;
+    "EEPO: Exploration-Enhanced Policy Optimization", Sec. 3, Algorithm 1).
+
+    Every [`~trl.GRPOConfig`] field applies. Paper defaults: ``entropy_threshold`` (alpha) 0.3, ``entropy_window``
+    (m) 3, ``unlearning_lr`` (eta) 3e-3, 8 rollouts (4 per stage). The paper gives no values for the probability clip
+    ``[eps_L, 1 - eps_R]``; the defaults here (``unlearning_eps_low = 1e-6``, ``unlearning_eps_high = 1e-3``) are
+    chosen on evidence, see docs/eepo.md: a large ``eps_R`` zeroes the gradient of exactly the dominant tokens the step
+    exists to suppress.
+
+    Parameters:
+        entropy_gate (`str`, defaults to `"auto"`):
+            ``"auto"``: unlearn when the m-step moving average of stage-1 token entropy is below ``entropy_threshold``;
+            ``"always"`` / ``"never"``: force it (ablations; ``"never"`` is exactly GRPOTrainer).
+        entropy_threshold (`float`, defaults to `0.3`): alpha of eq. 4-5.
+        entropy_window (`int`, defaults to `3`): m, the moving-average window (in generation steps).
+        unlearning_lr (`float`, defaults to `3e-3`): eta, step size of the single plain gradient step.
+        unlearning_eps_low (`float`, defaults to `1e-6`): eps_L of eq. 8 (probabilities below are not penalised).
+        unlearning_eps_high (`float`, defaults to `1e-3`): eps_R of eq. 8 (keeps ``1 - p`` away from 0).
+    """
+
+    entropy_gate: str = field(default="auto", metadata={"help": "'auto', 'always' or 'never'.",
+                                                        "choices": ["auto", "always", "never"]})
+    entropy_threshold: float = field(default=0.3, metadata={"help": "alpha: unlearn when mean entropy < alpha."})
+    entropy_window: int = field(default=3, metadata={"help": "m: moving-average window of the entropy gate."})
+    unlearning_lr: float = field(default=3e-3, metadata={"help": "eta: learning rate of the unlearning step."})
+    unlearning_eps_low: float = field(default=1e-6, metadata={"help": "eps_L: lower probability clip (eq. 8)."})
+    unlearning_eps_high: float = field(default=1e-3, metadata={"help": "eps_R: p is clipped to at most 1 - eps_R."})
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.entropy_gate not in ("auto", "always", "never"):
+            raise ValueError(f"entropy_gate must be 'auto', 'always' or 'never', got {self.entropy_gate!r}")
+        if self.num_generations % 2:
+            raise ValueError(f"EEPO samples G/2 completions per stage: num_generations must be even, got "
+                             f"{self.num_generations}")
+        check_whole_groups(self.per_device_train_batch_size, self.steps_per_generation, self.num_generations)
+        if self.entropy_window < 1:
+            raise ValueError(f"entropy_window must be >= 1, got {self.entropy_window}")
+        if not self.unlearning_lr > 0:
+            raise ValueError(f"unlearning_lr must be > 0, got {self.unlearning_lr}")
+        if not (0.0 <= self.unlearning_eps_low < 1.0 - self.unlearning_eps_high <= 1.0):
+            raise ValueError("need 0 <= unlearning_eps_low < 1 - unlearning_eps_high <= 1, got "
+                             f"unlearning_eps_low={self.unlearning_eps_low}, unlearning_eps_high={self.unlearning_eps_high}")

@@ -1,0 +1,181 @@
+"""EEPO: two-stage sample-then-forget rollouts (ALGORITHMS.md "EEPO"; EEPO paper Sec. 3, Algorithm 1).
+
+For each group of G completions, inside GRPO's generation step (``_generate_single_turn``):
+
+1. sample G/2 completions per prompt from the rollout model (= current policy);
+2. measure their mean token entropy H_t; H_bar = mean of the last m values (eq. 4-5);
+3. if H_bar < alpha: ONE plain gradient step (lr eta, no momentum) on the rollout weights that lowers the probability
+   of the stage-1 tokens, minimising ``mean_seq mean_tok -log(1 - clip(p, eps_L, 1 - eps_R))`` (eq. 7-11);
+4. sample the other G/2 completions from the updated rollout model, and score them under it (their old log-probs);
+5. restore the weights bit for bit; then GRPO's update on all G completions as usual.
+
+The temporary gradient is taken with ``torch.autograd.grad`` on the unwrapped module: nothing is accumulated into
+``.grad`` and no DDP all-reduce hook fires; the optimizer never sees it.
+"""
+
+from __future__ import annotations
+
+import collections
+import warnings
+
+import torch
+from trl import GRPOTrainer
+
+from .. import losses
+from .._checkpoint import CheckpointStateMixin
+from .._citations import EEPO, paper
+from .config import EEPOConfig
+
+
+class EEPOTrainer(CheckpointStateMixin, GRPOTrainer):
+    """Exploration-Enhanced Policy Optimization. Takes GRPOTrainer's arguments; see [`EEPOConfig`]."""
+
+    _tag_names = ["trl", "grpo", "eepo"]
+    _name = "EEPO"
+    _paper = paper("EEPO: Exploration-Enhanced Policy Optimization via Sample-Then-Forget", None, EEPO)
+
+    def __init__(self, model, reward_funcs=None, args: EEPOConfig | None = None, train_dataset=None,
+                 eval_dataset=None, **kwargs):
+        if args is None:
+            name = model if isinstance(model, str) else model.config._name_or_path
+            args = EEPOConfig(f"{str(name).rstrip('/').split('/')[-1]}-EEPO")
+        elif not isinstance(args, EEPOConfig):
+            raise TypeError(f"args must be an EEPOConfig, got {type(args).__name__}: build one with EEPOConfig(...)")
+        for unsupported in ("tools", "environment_factory", "rollout_func"):
+            if kwargs.get(unsupported) is not None:
+                raise ValueError(f"EEPOTrainer does not support {unsupported}= (two-stage rollouts are single-turn)")
+        super().__init__(model, reward_funcs, args=args, train_dataset=train_dataset, eval_dataset=eval_dataset,
+                         **kwargs)
+        if args.entropy_gate != "never" and (self.is_deepspeed_enabled and self.accelerator.state.deepspeed_plugin
+                                             .zero_stage == 3 or self.is_fsdp_enabled):
+            raise ValueError("EEPO's unlearning step edits full parameters in place: it supports DDP, ZeRO-1/2 and "
+                             "PEFT, not ZeRO-3 or FSDP (use zero2.yaml, or entropy_gate='never')")
+        self._entropy_history: collections.deque[float] = collections.deque(maxlen=args.entropy_window)
+        self._pending_old_logps: list[list[float]] | None = None
+
+    # ------------------------------------------------------------------------------------ checkpoint state ---
+    def _extra_state(self) -> dict:
+        return {"entropy_history": list(self._entropy_history)}
+
+    def _load_extra_state(self, state: dict) -> None:
+        self._entropy_history = collections.deque(state["entropy_history"], maxlen=self.args.entropy_window)
+
+    # ------------------------------------------------------------------------------------------ the rollout ---
+    def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        self._pending_old_logps = None
+        if not self.model.training or self.args.entropy_gate == "never":
+            return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations,
+                                                 has_tool_images)
+        if images is not None or multimodal_fields:
+            raise ValueError("EEPOTrainer supports text-only models")
+        G, half = self.num_generations, self.num_generations // 2
+        stage1 = [i for i in range(len(prompt_ids)) if i % G < half]
+        stage2 = [i for i in range(len(prompt_ids)) if i % G >= half]
+        p1, p2 = [prompt_ids[i] for i in stage1], [prompt_ids[i] for i in stage2]
+
+        # 1. stage 1 from the current policy
+        c1, lp1 = super()._generate_single_turn(p1, None, {}, half)
+        model = self.accelerator.unwrap_model(self.model)
+        # 2. entropy gate (one forward with grad: its log-probs also feed the unlearning loss)
+        with torch.enable_grad():
+            logps1, ent1, mask1 = self._score(model, p1, c1, entropy=True)
+        h_t = self._global_mean(ent1.detach(), mask1)
+        self._entropy_history.append(h_t)
+        h_bar = sum(self._entropy_history) / len(self._entropy_history)
+        unlearn = self.args.entropy_gate == "always" or h_bar < self.args.entropy_threshold
+        metrics = self._metrics["train"]
+        metrics["eepo/entropy_stage1"].append(h_t)
+        metrics["eepo/entropy_moving_avg"].append(h_bar)
+        metrics["eepo/gate"].append(float(unlearn))
+        if not unlearn:
+            c2, lp2 = super()._generate_single_turn(p2, None, {}, half)
+            return self._interleave(stage1, stage2, c1, c2, lp1, lp2)
+
+        # 3. one plain gradient step on the rollout weights, lowering p(stage-1 tokens)
+        params = [p for p in model.parameters() if p.requires_grad]
+        snapshot = [p.detach().clone() for p in params]
+        u = losses.unlearning_loss(logps1, mask1, self.args.unlearning_eps_low, self.args.unlearning_eps_high)
+        grads = torch.autograd.grad(u, params, allow_unused=True)
+        del logps1
+        try:
+            with torch.no_grad():
+                for p, g in zip(params, grads, strict=True):
+                    if g is not None:
+                        p.sub_(self.args.unlearning_lr * g)
+            del grads
+            self._sync_vllm()
+            # 4. stage 2 from the unlearned rollout model; its log-probs are the stage-2 old log-probs
+            c2, lp2 = super()._generate_single_turn(p2, None, {}, half)
+            with torch.no_grad():
+                old2, ent2, mask2 = self._score(model, p2, c2, entropy=True)
+                after1, _, _ = self._score(model, p1, c1)
+        finally:
+            # 5. restore, bit for bit
+            with torch.no_grad():
+                for p, saved in zip(params, snapshot, strict=True):
+                    p.copy_(saved)
+            self._sync_vllm()
+        with torch.no_grad():
+            before1, _, _ = self._score(model, p1, c1)
+        metrics["eepo/unlearning_loss"].append(self.accelerator.gather(u.detach()).mean().item())
+        metrics["eepo/entropy_stage2"].append(self._global_mean(ent2, mask2))
+        drop = ((after1 - before1) * mask1).sum(-1)
+        metrics["eepo/stage1_logp_change"].append(self.accelerator.gather(drop).mean().item())
+        rows1 = [lp[m.bool()].tolist() for lp, m in zip(before1, mask1, strict=True)]
+        rows2 = [lp[m.bool()].tolist() for lp, m in zip(old2, mask2, strict=True)]
+        self._pending_old_logps = self._interleave(stage1, stage2, rows1, rows2, None, None)[0]
+        return self._interleave(stage1, stage2, c1, c2, lp1, lp2)
+
+    def _generate_and_score_completions(self, inputs):
+        self._pending_old_logps = None
+        output = super()._generate_and_score_completions(inputs)
+        rows, self._pending_old_logps = self._pending_old_logps, None
+        if rows is not None:
+            old = torch.zeros_like(output["completion_ids"], dtype=torch.float32)
+            for i, r in enumerate(rows):
+                old[i, : len(r)] = torch.tensor(r, dtype=torch.float32)
+            output["old_per_token_logps"] = old
+            if "importance_sampling_ratio" in output:  # vLLM: the stage-2 sampler was the unlearned model
+                warnings.warn("EEPO with vLLM: the sampler/trainer mismatch correction is not applied to stage-2 "
+                              "rows (their old log-probs come from the unlearned weights)", stacklevel=2)
+                output["importance_sampling_ratio"] = torch.ones_like(output["importance_sampling_ratio"])
+        return output
+
+    # --------------------------------------------------------------------------------------------- helpers ---
+    def _score(self, model, prompts, completions, entropy=False):
+        """Per-token log-probs (and entropies) of ``completions`` given ``prompts`` under ``model``."""
+        device = self.accelerator.device
+        pad = self.processing_class.pad_token_id if hasattr(self.processing_class, "pad_token_id") else 0
+        P, C = max(map(len, prompts)), max(1, max(map(len, completions)))
+        ids = torch.full((len(prompts), P + C), pad, dtype=torch.long)
+        attn = torch.zeros_like(ids)
+        for i, (p, c) in enumerate(zip(prompts, completions, strict=True)):
+            ids[i, P - len(p) : P], attn[i, P - len(p) : P] = torch.tensor(p), 1
+            if c:
+                ids[i, P : P + len(c)], attn[i, P : P + len(c)] = torch.tensor(c), 1
+        logps, ent, _ = self._get_per_token_logps_and_entropies(
+            model, ids.to(device), attn.to(device), C, batch_size=self.args.per_device_train_batch_size,
+            compute_entropy=entropy)
+        return logps, ent, attn[:, P:].to(device)
+
+    def _global_mean(self, values, mask) -> float:
+        totals = self.accelerator.reduce(torch.stack([(values * mask).sum(), mask.sum().to(values.dtype)]), "sum")
+        return (totals[0] / totals[1].clamp(min=1.0)).item()
+
+    @staticmethod
+    def _interleave(idx1, idx2, a1, a2, b1, b2):
+        n = len(idx1) + len(idx2)
+        a, b = [None] * n, None if b1 is None or b2 is None else [None] * n
+        for k, i in enumerate(idx1):
+            a[i] = a1[k]
+            if b is not None:
+                b[i] = b1[k]
+        for k, i in enumerate(idx2):
+            a[i] = a2[k]
+            if b is not None:
+                b[i] = b2[k]
+        return a, b
+
+    def _sync_vllm(self):  # pragma: no cover - GPU only
+        if self.use_vllm:
+            self.vllm_generation.sync_weights()
