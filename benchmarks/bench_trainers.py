@@ -32,19 +32,26 @@ VARIANTS = {
     "grpo_beta0": (None, ""),
     "grpo_beta": (None, ""),
     "erpo": ("grpo_beta0", "step time <= 1.05x GRPO(beta=0); peak memory <= GRPO(beta=0)"),
+    "erpo_weights_only": ("grpo_beta0", "(ablation: query weights only)"),
+    "erpo_qkl_only": ("grpo_beta0", "(ablation: Query-KL only)"),
 }
 
 
 def build_trainer(variant: str, model_path: str, out_dir: str, args):
     from trl import GRPOConfig, GRPOTrainer
 
-    from trl_variants import ERPOConfig, ERPOTrainer, accuracy_reward, load_default_dataset
+    from trl_variants import ERPOConfig, ERPOTrainer, load_default_dataset
+    from trl_variants.rewards import REWARD_FUNCS
+
+    accuracy_reward = REWARD_FUNCS[args.reward]  # the same reward for every variant
 
     common = dict(
         output_dir=out_dir, use_cpu=not args.gpu, bf16=args.gpu, activation_checkpointing=False, report_to="none",
         save_strategy="no", logging_steps=1, disable_tqdm=True, per_device_train_batch_size=args.batch,
         num_generations=args.G, max_completion_length=args.max_completion_length, learning_rate=1e-5,
         max_steps=args.warmup + args.steps, seed=0, temperature=1.0,
+        # every completion runs to max_completion_length: all variants do exactly the same amount of work
+        generation_kwargs={"min_new_tokens": args.max_completion_length},
     )
     dataset = load_default_dataset(n_train=2000, n_test=1, seed=0)["train"]
     if variant == "grpo_beta0":
@@ -53,9 +60,10 @@ def build_trainer(variant: str, model_path: str, out_dir: str, args):
     if variant == "grpo_beta":
         return GRPOTrainer(model=model_path, reward_funcs=accuracy_reward, args=GRPOConfig(beta=0.04, **common),
                            train_dataset=dataset)
-    if variant == "erpo":
-        return ERPOTrainer(model=model_path, reward_funcs=accuracy_reward, args=ERPOConfig(**common),
-                           train_dataset=dataset)
+    if variant.startswith("erpo"):
+        extra = {"erpo_weights_only": dict(query_kl_coef=0.0), "erpo_qkl_only": dict(use_query_weights=False)}
+        return ERPOTrainer(model=model_path, reward_funcs=accuracy_reward,
+                           args=ERPOConfig(**common, **extra.get(variant, {})), train_dataset=dataset)
     raise ValueError(f"unknown variant {variant!r}; choose from {sorted(VARIANTS)}")
 
 
@@ -105,11 +113,22 @@ def child(args) -> None:
             torch.cuda.reset_peak_memory_stats()
         trainer = build_trainer(args.child, args.model_path, out, args)
         trainer.add_callback(Timer())
+        inner = trainer.training_step
+        step_times: list[float] = []
+
+        def timed_training_step(*a, **k):  # generation + scoring + loss + backward (optimizer step excluded)
+            t0 = time.perf_counter()
+            result = inner(*a, **k)
+            step_times.append(time.perf_counter() - t0)
+            return result
+
+        trainer.training_step = timed_training_step
         trainer.train()
     steps = times[args.warmup:]
     result = {
         "variant": args.child,
         "step_time_s": statistics.median(steps),
+        "training_step_s": statistics.median(step_times[args.warmup:]),
         "prompts_per_step": args.batch // args.G,
         "peak_mem_mb": (torch.cuda.max_memory_allocated() / 2**20 if args.gpu
                         else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
@@ -129,6 +148,9 @@ def main() -> None:
     ap.add_argument("--max_completion_length", type=int, default=56)
     ap.add_argument("--model", choices=["tiny", "medium"], default="tiny")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--reward", default="format_reward", choices=["format_reward", "accuracy_reward"],
+                    help="format_reward (default) costs the same on every text, so reward parsing cannot make one "
+                         "variant's steps slower than another's")
     ap.add_argument("--gpu", action="store_true")
     ap.add_argument("--out", default=str(ROOT / "docs" / "benchmarks"))
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
@@ -146,7 +168,7 @@ def main() -> None:
         order = args.variants if rep % 2 == 0 else list(reversed(args.variants))
         for variant in order:
             cmd = [sys.executable, __file__, "--child", variant, "--model_path", model_path]
-            for k in ("steps", "warmup", "batch", "G", "max_completion_length", "threads"):
+            for k in ("steps", "warmup", "batch", "G", "max_completion_length", "threads", "reward"):
                 cmd += [f"--{k}", str(getattr(args, k))]
             cmd += ["--gpu"] if args.gpu else []
             proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
@@ -174,7 +196,7 @@ def main() -> None:
             if other in summary and v != other:
                 s[f"peak_mem_ratio_vs_{other}"] = s["peak_mem_mb"] / summary[other]["peak_mem_mb"]
     meta = {k: getattr(args, k) for k in ("reps", "steps", "warmup", "batch", "G", "max_completion_length",
-                                           "model", "threads", "gpu")}
+                                           "model", "threads", "gpu", "reward")}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out + ".json").write_text(json.dumps({"settings": meta, "summary": summary, "runs": runs}, indent=1))
     lines = [f"Settings: {meta}", "",

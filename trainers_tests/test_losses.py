@@ -84,3 +84,38 @@ def test_unlearning_loss_descent_lowers_probabilities():
     logps = torch.log(torch.tensor([[0.2, 0.7, 0.9]])).requires_grad_(True)
     losses.unlearning_loss(logps, torch.ones(1, 3), 1e-6, 1e-3).backward()
     assert (logps.grad > 0).all()  # a descent step (logps -= lr * grad) lowers every sampled token's log-prob
+
+
+# --------------------------------------------------------------------------------------------------- DPH-RL ---
+@pytest.mark.parametrize("divergence", ["forward_kl", "reverse_kl", "js", "alpha", "forward_kl_k3"])
+def test_f_divergence_generators_hand_computed(divergence):
+    log_u = torch.tensor([0.0, math.log(2.0), math.log(0.5)], dtype=torch.float64)
+    a = 0.2
+    expected = {
+        # u = 1, 2, 0.5 in Table 5's generators
+        "forward_kl": [0.0, -math.log(2), math.log(2)],
+        "reverse_kl": [0.0, 2 * math.log(2), 0.5 * math.log(0.5)],
+        "js": [0.0, math.log(2) - 1.5 * math.log(1.5), 0.25 * math.log(0.5) - 0.75 * math.log(0.75)],
+        "alpha": [0.0, (2 ** 0.8 - 0.8 * 2 - 0.2) / (0.2 * -0.8), (0.5 ** 0.8 - 0.8 * 0.5 - 0.2) / (0.2 * -0.8)],
+        "forward_kl_k3": [0.0, 2 - math.log(2) - 1, 0.5 - math.log(0.5) - 1],
+    }[divergence]
+    got = losses.f_divergence(log_u, divergence, alpha=a)
+    torch.testing.assert_close(got, torch.tensor(expected, dtype=torch.float64), atol=1e-12, rtol=1e-12)
+
+
+def test_f_divergence_mass_covering_direction():
+    # the loss falls as pi_theta moves toward the stored reference completion (log u from -1 up to 0)
+    for divergence in ("forward_kl", "js", "alpha", "forward_kl_k3"):
+        log_u = torch.tensor([-1.0], requires_grad=True)
+        losses.f_divergence(log_u, divergence).sum().backward()
+        assert log_u.grad.item() < 0, divergence
+    with pytest.raises(ValueError, match="divergence"):
+        losses.f_divergence(torch.zeros(1), "tv")
+    with pytest.raises(ValueError, match="alpha"):
+        losses.f_divergence(torch.zeros(1), "alpha", alpha=1.0)
+
+
+def test_apo_loss_hand_computed():
+    # (beta * log_ratio - (r - V))^2, mean over the batch
+    loss = losses.apo_loss(torch.tensor([10.0, -20.0]), torch.tensor([1.0, 0.0]), torch.tensor([0.5, 0.25]), 1e-2)
+    assert loss.item() == pytest.approx(((0.1 - 0.5) ** 2 + (-0.2 + 0.25) ** 2) / 2)

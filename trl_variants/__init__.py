@@ -6,11 +6,17 @@
 __version__ = "0.1.0"
 
 from .default import DEFAULT_MODEL_PATH, default_model_path, load_default_dataset
+from .apo import APOConfig, APOTrainer
+from .dph import DPHConfig, DPHTrainer
 from .eepo import EEPOConfig, EEPOTrainer
 from .erpo import ERPOConfig, ERPOTrainer
 from .rewards import accuracy_reward, format_reward
 
 __all__ = [
+    "APOConfig",
+    "APOTrainer",
+    "DPHConfig",
+    "DPHTrainer",
     "DEFAULT_MODEL_PATH",
     "EEPOConfig",
     "EEPOTrainer",

@@ -25,3 +25,17 @@ EEPO = """@misc{chen2025eepo,
     year         = 2025,
     note         = {Preprint},
 }"""
+
+DPH = """@article{li2025choice,
+    title        = {{The Choice of Divergence: A Neglected Key to Mitigating Diversity Collapse in Reinforcement Learning with Verifiable Reward}},
+    author       = {Long Li and Zhijian Zhou and Jiaran Hao and Jason Klein Liu and Yanting Miao and Wei Pang and Xiaoyu Tan and Wei Chu and Zhe Wang and Shirui Pan and Chao Qu and Yuan Qi},
+    year         = 2025,
+    eprint       = {arXiv:2509.07430},
+}"""
+
+APO = """@article{brantley2025accelerating,
+    title        = {{Accelerating RL for LLM Reasoning with Optimal Advantage Regression}},
+    author       = {Kiant{\\'e} Brantley and Mingyu Chen and Zhaolin Gao and Jason D. Lee and Wen Sun and Wenhao Zhan and Xuezhou Zhang},
+    year         = 2025,
+    eprint       = {arXiv:2505.20686},
+}"""

@@ -173,14 +173,17 @@ def prompt_logps_from_ids(
 
 def completion_token_logps(
     model, prompt_ids: Sequence[int], completions: Sequence[Sequence[int]], temperature: float = 1.0,
-    batch_size: int = 8, pad_token_id: int = 0,
+    batch_size: int = 8, pad_token_id: int = 0, token_logps_fn=None,
 ) -> list[list[float]]:
     """Per-token log-probs of each completion given the prompt (one list per completion, same length)."""
     if not completions:
         return []
     rows = [list(prompt_ids) + list(c) for c in completions]
     ids, mask = _left_pad(rows, pad_token_id)
-    logps = token_logps(model, ids, mask, temperature, batch_size)
+    if token_logps_fn is None:
+        logps = token_logps(model, ids, mask, temperature, batch_size)
+    else:
+        logps = token_logps_fn(ids, mask).float().cpu()
     out = []
     for i, c in enumerate(completions):
         n = len(c)
@@ -376,7 +379,8 @@ def _resolve_backend(config: PresampleConfig) -> str:
     return "vllm" if have_vllm and is_torch_cuda_available() else "hf"
 
 
-def _process_shard(rows, shard_index, model, tokenizer, config, reward_funcs, reward_weights, vllm_llm, eos_ids):
+def _process_shard(rows, shard_index, model, tokenizer, config, reward_funcs, reward_weights, vllm_llm, eos_ids,
+                   token_logps_fn=None):
     """Compute the new columns for one shard of dataset rows (a list of dicts)."""
     from .generation import eos_token_ids
 
@@ -386,7 +390,7 @@ def _process_shard(rows, shard_index, model, tokenizer, config, reward_funcs, re
     if config.record_prompt_logp:
         _check_prompt_lengths(prompt_ids)
         logps = prompt_logps_from_ids(model, prompt_ids, tokenizer.pad_token_id, config.temperature,
-                                      config.logprob_batch_size)
+                                      config.logprob_batch_size, token_logps_fn)
         for o, v in zip(out, logps.tolist(), strict=True):
             o[REF_PROMPT_LOGP] = v
     if config.num_samples == 0:
@@ -422,7 +426,7 @@ def _process_shard(rows, shard_index, model, tokenizer, config, reward_funcs, re
         if config.record_completion_logps:
             o["ref_completion_logps"] = completion_token_logps(
                 model, prompt_ids[i], samples[i], config.temperature, config.logprob_batch_size,
-                tokenizer.pad_token_id)
+                tokenizer.pad_token_id, token_logps_fn)
     return out
 
 
@@ -435,6 +439,7 @@ def presample(
     *,
     reward_weights: Sequence[float] | None = None,
     accelerator=None,
+    token_logps_fn=None,
 ):
     """Run the offline reference pass and return ``dataset`` with the :data:`COLUMNS` it records.
 
@@ -448,6 +453,8 @@ def presample(
         reward_weights: one weight per reward function (default all 1).
         accelerator: an ``accelerate.Accelerator`` (or ``PartialState``) to split the shards between processes;
             every process returns the full, ordered dataset.
+        token_logps_fn: ``(input_ids, attention_mask) -> (B, L - 1)`` log-probs replacing the plain forward (a
+            trainer passes its fused, temperature-scaled scorer so stored and online log-probs share a kernel).
     """
     from accelerate.utils import gather_object
     from tqdm.auto import tqdm
@@ -513,7 +520,9 @@ def presample(
     start_t, n_samples = time.perf_counter(), 0
     for s in todo:
         rows = dataset.select(range(s * config.shard_size, min(len(dataset), (s + 1) * config.shard_size)))
-        out = _process_shard(list(rows), s, model, tokenizer, config, reward_funcs, reward_weights, vllm_llm, None)
+        with torch.no_grad():
+            out = _process_shard(list(rows), s, model, tokenizer, config, reward_funcs, reward_weights, vllm_llm,
+                                 None, token_logps_fn)
         if config.use_cache:
             _atomic_write_json(run_dir / f"shard-{s:06d}.json", {"shard": s, "rows": out})
         results.append((s, out))

@@ -157,8 +157,10 @@ def train_and_save(trainer, training_args, script_args):
     """Train (resuming when asked), save the final model and card, push to the Hub when asked."""
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     trainer.save_model(training_args.output_dir)
-    dataset_name = script_args.dataset_name if script_args.dataset_name != EMBEDDED else "trl_variants synthetic math"
-    trainer.create_model_card(dataset_name=dataset_name)
+    dataset_name = None if script_args.dataset_name == EMBEDDED else script_args.dataset_name  # None: no Hub link
+    hub_id = training_args.hub_model_id
+    model_name = hub_id.split("/")[-1] if hub_id else Path(training_args.output_dir).name
+    trainer.create_model_card(model_name=model_name, dataset_name=dataset_name)
     if training_args.push_to_hub:
-        trainer.push_to_hub(dataset_name=dataset_name)
+        trainer.push_to_hub(dataset_name=dataset_name, model_name=model_name)
     trainer.accelerator.print(f"model saved to {training_args.output_dir}")

@@ -16,7 +16,7 @@ from trl import GRPOTrainer
 
 from .. import losses
 from .._citations import ERPO, paper
-from ..presample import add_reference_prompt_logps
+from ..presample import add_reference_prompt_logps, check_presample_options
 from .config import ERPOConfig
 
 
@@ -55,7 +55,10 @@ class ERPOTrainer(GRPOTrainer):
     # ---------------------------------------------------------------------------------- reference pass (once) ---
     def _with_reference_prompt_logps(self, dataset):
         column = self.args.ref_prompt_logp_column
-        if dataset is None or column in dataset.column_names:
+        if dataset is None:
+            return dataset
+        if column in dataset.column_names:  # from `trl-variants presample`, or the user's own
+            check_presample_options(dataset, temperature=self.temperature)
             return dataset
 
         def fused_scorer(ids, mask):

@@ -1,0 +1,132 @@
+import math
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+from trl.experimental.a2po import A2POConfig, A2POTrainer
+
+from trl_variants import APOConfig, APOTrainer, accuracy_reward
+from trl_variants import presample as ps
+from trl_variants.losses import optimal_value
+
+from ..helpers import CPU_ARGS, DEFAULT_MODEL_PATH, fixed_batch, small_config, train_dataset
+
+
+def _apo(tmp_path, model=DEFAULT_MODEL_PATH, dataset=None, **kw):
+    kw.setdefault("num_value_samples", 4)
+    kw.setdefault("presample_cache_dir", str(tmp_path / "cache"))
+    kw.setdefault("num_generations", 1)
+    return APOTrainer(model=model, reward_funcs=accuracy_reward, args=small_config(APOConfig, tmp_path / "apo", **kw),
+                      train_dataset=dataset if dataset is not None else train_dataset(16))
+
+
+def test_num_generations_one_accepted_zero_refused(tmp_path):
+    assert APOConfig(output_dir="x", use_cpu=True, bf16=False).num_generations == 1
+    with pytest.raises(ValueError, match="num_generations must be >= 1"):
+        APOConfig(output_dir="x", use_cpu=True, bf16=False, num_generations=0)
+    with pytest.raises(ValueError, match="value_beta"):
+        APOConfig(output_dir="x", use_cpu=True, bf16=False, value_beta=0.0)
+
+
+def test_stage1_values(tmp_path):
+    apo = _apo(tmp_path)
+    for row in apo.train_dataset:
+        assert len(row["ref_rewards"]) == 4
+        expected = optimal_value(torch.tensor(row["ref_rewards"]), 0.5).item()
+        assert row["ref_value"] == pytest.approx(expected, abs=1e-6)
+    values = apo.train_dataset["ref_value"]
+    assert 0 < sum(values) / len(values) < 1
+
+
+def _loss_on_fixed_batch(apo, inputs, rewards, values):
+    with torch.no_grad():
+        ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
+        attn = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
+        ref, _, _ = apo._get_per_token_logps_and_entropies(apo.ref_model, ids, attn, inputs["completion_ids"].size(1))
+    batch = dict(inputs, ref_per_token_logps=ref, apo_rewards=rewards, apo_values=values, advantages=rewards - values)
+    apo.model.train()
+    apo.current_gradient_accumulation_steps = 1
+    return apo.compute_loss(apo.model, batch), batch
+
+
+def test_loss_equals_a2po_formula_and_hand_computation(tmp_path):
+    beta2 = 0.5  # large, so the loss is sensitive to the log-ratio term, not only to r - V
+    apo = _apo(tmp_path, learning_rate=0.0, beta=beta2)
+    inputs, _ = fixed_batch(apo)
+    rewards, values = torch.tensor([1.0, 0.0, 1.0, 0.0]), torch.tensor([0.6, 0.6, 0.3, 0.3])
+    # move the policy away from the reference so that the log-ratio term is not zero
+    with torch.no_grad():
+        for p in apo.model.parameters():
+            p.add_(0.03 * torch.randn_like(p))
+    loss, batch = _loss_on_fixed_batch(apo, inputs, rewards, values)
+    # TRL's A2POTrainer formula on the same batch, same reference: full-logit sequence log-probs, no temperature
+    a2po = A2POTrainer(model=DEFAULT_MODEL_PATH, reward_funcs=accuracy_reward,
+                       args=A2POConfig(output_dir=str(tmp_path / "a2po"), beta2=beta2, **{
+                           k: v for k, v in CPU_ARGS.items() if k not in ("logging_steps",)}),
+                       train_dataset=train_dataset(16))
+    ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
+    attn = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
+    keep = inputs["completion_ids"].size(1)
+    with torch.no_grad():
+        policy_seq = a2po._get_sequence_logps(apo.model, ids, attn, keep)
+        ref_seq = a2po._get_sequence_logps(a2po.ref_model, ids, attn, keep)
+    a2po_loss = ((beta2 * (policy_seq - ref_seq) - (rewards - values)) ** 2).mean()
+    assert loss.item() == pytest.approx(a2po_loss.item(), rel=1e-5, abs=1e-8)
+    seq_ratio = (policy_seq - ref_seq).tolist()
+    hand = sum((beta2 * s - (r - v)) ** 2 for s, r, v in zip(seq_ratio, rewards.tolist(), values.tolist())) / 4
+    assert loss.item() == pytest.approx(hand, rel=1e-5)
+    assert any(abs(beta2 * s) > 0.2 for s in seq_ratio), seq_ratio  # the log-ratio term is really exercised
+
+
+def test_in_memory_model_reference_is_the_given_weights(tmp_path):
+    model = AutoModelForCausalLM.from_pretrained(DEFAULT_MODEL_PATH)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(0.9)  # an edited in-memory model: GRPOTrainer would reload the unedited one from disk
+    apo = _apo(tmp_path, model=model)
+    inputs, _ = fixed_batch(apo)
+    loss, batch = _loss_on_fixed_batch(apo, inputs, torch.zeros(4), torch.zeros(4))
+    # policy == reference at step 0: log-ratio 0, loss 0
+    assert loss.item() == pytest.approx(0.0, abs=1e-10)
+    policy = dict(apo.model.named_parameters())
+    for name, p in apo.accelerator.unwrap_model(apo.ref_model).named_parameters():
+        assert torch.equal(p, policy[name]) and not p.requires_grad
+
+
+def test_filter_all_incorrect(tmp_path):
+    hard = train_dataset(32).filter(lambda lv: lv == 4, input_columns="level")
+    with pytest.raises(ValueError, match="dropped all"):
+        _apo(tmp_path, dataset=hard.select(range(2)), filter_all_incorrect=True, per_device_train_batch_size=2)
+    apo = _apo(tmp_path, filter_all_incorrect=True)
+    assert all(any(r > 0 for r in rs) for rs in apo.train_dataset["ref_rewards"])
+
+
+def test_binary_reward_warning(tmp_path):
+    def half_reward(completions, **kw):
+        return [0.5] * len(completions)
+
+    apo = APOTrainer(model=DEFAULT_MODEL_PATH, reward_funcs=half_reward,
+                     args=small_config(APOConfig, tmp_path, num_value_samples=2,
+                                       presample_cache_dir=str(tmp_path / "c")), train_dataset=train_dataset(8))
+    apo.model.train()
+    with pytest.warns(UserWarning, match="binary rewards"):
+        apo._generate_and_score_completions([dict(apo.train_dataset[i]) for i in range(8)])
+
+
+@pytest.mark.slow
+def test_end_to_end_and_resume_does_not_rerun_stage1(tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    kw = dict(max_steps=2, save_strategy="steps", save_steps=2, output_dir=str(out), learning_rate=1e-3)
+    apo = _apo(tmp_path, **kw)
+    apo.train()
+    logged = {k for h in apo.state.log_history for k in h}
+    for key in ("apo/regression_loss", "apo/value_mean", "apo/advantage_mean", "apo/seq_log_ratio_mean", "kl",
+                "reward", "completions/mean_length", "completions/clipped_ratio"):
+        assert key in logged, key
+    assert "2505.20686" in (out / "README.md").read_text()
+    assert any(h.get("kl", 0) != 0 for h in apo.state.log_history)
+    monkeypatch.setattr(ps, "generate_completions", lambda *a, **k: pytest.fail("stage 1 ran again"))
+    kw.update(max_steps=3)
+    resumed = _apo(tmp_path, **kw)
+    resumed.train(resume_from_checkpoint=str(out / "checkpoint-2"))
+    assert resumed.state.global_step == 3 and math.isfinite(resumed.state.log_history[-2]["loss"])

@@ -1,0 +1,126 @@
+import pytest
+import torch
+from datasets import load_from_disk
+from trl import GRPOConfig, GRPOTrainer
+
+from trl_variants import DPHConfig, DPHTrainer, accuracy_reward
+from trl_variants import presample as ps
+from trl_variants.losses import f_divergence
+
+from ..helpers import DEFAULT_MODEL_PATH, assert_same_grads, fixed_batch, loss_and_grads, small_config, train_dataset
+
+
+def _dph(tmp_path, dataset=None, **kw):
+    kw.setdefault("num_presamples", 4)
+    kw.setdefault("pef_threshold", 4)
+    kw.setdefault("presample_cache_dir", str(tmp_path / "cache"))
+    kw.setdefault("max_completion_length", 40)
+    return DPHTrainer(model=DEFAULT_MODEL_PATH, reward_funcs=accuracy_reward,
+                      args=small_config(DPHConfig, tmp_path / "dph", **kw),
+                      train_dataset=dataset if dataset is not None else train_dataset(48))
+
+
+def test_split_and_no_reference_model(tmp_path):
+    dph = _dph(tmp_path)
+    assert dph.ref_model is None  # generator form: the reference is only the stored log-probs
+    stats = dph.split_stats
+    assert stats["num_pef_prompts"] > 0 and stats["num_exp_prompts"] > 0  # the tiny model solves level 1 reliably
+    assert stats["num_pef_prompts"] + stats["num_exp_prompts"] == 48
+    assert len(dph.train_dataset) == stats["num_exp_prompts"] and "ref_rewards" not in dph.train_dataset.column_names
+    assert len(dph.pef_dataset) == stats["num_pef_rows"] == 4 * stats["num_pef_prompts"]  # "4 of 4", keep all
+
+
+@pytest.mark.parametrize("loss_type", ["dapo", "grpo"])
+def test_eta_zero_is_exactly_grpo(tmp_path, loss_type):
+    grpo = GRPOTrainer(model=DEFAULT_MODEL_PATH, reward_funcs=accuracy_reward,
+                       args=small_config(GRPOConfig, tmp_path / "g", loss_type=loss_type), train_dataset=train_dataset())
+    dph = _dph(tmp_path, loss_type=loss_type, dph_coef=0.0)
+    inputs, _ = fixed_batch(grpo)
+    loss_g, grads_g = loss_and_grads(grpo, inputs)
+    loss_d, grads_d = loss_and_grads(dph, inputs)
+    assert torch.equal(loss_g, loss_d)
+    assert_same_grads(grads_g, grads_d, atol=0.0)
+
+
+def test_pef_term_value_and_gradient_direction(tmp_path):
+    eta = 0.5
+    dph = _dph(tmp_path, dph_coef=eta, divergence="forward_kl", pef_batch_size=2)
+    zero = _dph(tmp_path, dph_coef=0.0)
+    inputs, _ = fixed_batch(dph)
+    inputs = dict(inputs, advantages=torch.zeros_like(inputs["advantages"]))  # isolate the D_pef term
+    # Pretend pi_theta already moved away from the stored completions: stored log-probs 0.3 above the current ones
+    dph._pef_epoch, dph._pef_pos = 0, 0
+    rows = dph._pef_order(0)[:2]
+    batch = dph.pef_dataset.select(rows)
+    ids, attn, ref, mask, C = dph._pef_tensors(batch)
+    with torch.no_grad():
+        current, _, _ = dph._get_per_token_logps_and_entropies(dph.model, ids, attn, C)
+    shifted = [[x + 0.3 for x in r] for r in batch["completion_logps"]]
+    dph.pef_dataset = dph.pef_dataset.map(
+        lambda ex, i: {"completion_logps": shifted[rows.index(i)] if i in rows else ex["completion_logps"]},
+        with_indices=True)
+    loss_z, _ = loss_and_grads(zero, inputs)
+    loss_d, grads_d = loss_and_grads(dph, inputs)
+    # forward-KL generator f(u) = -log u = 0.3 on every stored token (current - stored = -0.3): eta * 0.3 added
+    assert loss_d.item() - loss_z.item() == pytest.approx(eta * 0.3, abs=1e-4)
+    # one gradient-descent step on the loss raises pi_theta on the stored completions (u moves toward 1)
+    with torch.no_grad():
+        for name, p in dph.model.named_parameters():
+            p.sub_(1e-3 * grads_d[name])
+        after, _, _ = dph._get_per_token_logps_and_entropies(dph.model, ids, attn, C)
+    assert ((after - current) * mask).sum() > 0
+    assert (f_divergence(after - current - 0.3, "forward_kl") * mask).sum() < (0.3 * mask).sum()
+
+
+def test_empty_pef_errors_or_falls_back(tmp_path):
+    few = train_dataset(16).filter(lambda lv: lv == 4, input_columns="level")  # hard prompts only
+    with pytest.raises(ValueError, match="D_pef is empty"):
+        _dph(tmp_path, dataset=few, require_pef=True, per_device_train_batch_size=4)
+    with pytest.warns(UserWarning, match="runs as GRPO without KL"):
+        dph = _dph(tmp_path, dataset=few, per_device_train_batch_size=4)
+    assert len(dph.pef_dataset) == 0
+
+
+def test_uses_presampled_dataset_without_generating(tmp_path, monkeypatch):
+    dph = _dph(tmp_path)
+    saved = tmp_path / "presampled"
+    ds = ps.presample(dph.model, dph.processing_class, train_dataset(48), accuracy_reward,
+                      dph._presample_config(4, 0))
+    ds.save_to_disk(str(saved))
+    monkeypatch.setattr(ps, "generate_completions", lambda *a, **k: pytest.fail("generated again"))
+    again = _dph(tmp_path / "2", dataset=load_from_disk(str(saved)))
+    assert again.split_stats == dph.split_stats
+    with pytest.raises(ValueError, match="num_samples=4 but the trainer is configured with 8"):
+        _dph(tmp_path / "3", dataset=load_from_disk(str(saved)), num_presamples=8, pef_threshold=8)
+
+
+def test_config_validation():
+    common = dict(output_dir="x", use_cpu=True, bf16=False)
+    with pytest.raises(ValueError, match="beta must be 0"):
+        DPHConfig(beta=0.04, **common)
+    with pytest.raises(ValueError, match="pef_threshold"):
+        DPHConfig(num_presamples=4, pef_threshold=5, **common)
+    assert DPHConfig(per_device_train_batch_size=16, **common).pef_batch_size == 2  # 1 : 8
+
+
+@pytest.mark.slow
+def test_end_to_end_train_save_resume_continues_pef_stream(tmp_path):
+    out = tmp_path / "run"
+    kw = dict(max_steps=2, save_strategy="steps", save_steps=2, output_dir=str(out))
+    dph = _dph(tmp_path, **kw)
+    dph.train()
+    logged = {k for h in dph.state.log_history for k in h}
+    for key in ("dph/loss_exp", "dph/loss_pef", "dph/log_u_mean", "dph/num_pef_rows", "dph/num_exp_prompts",
+                "reward", "entropy"):
+        assert key in logged, key
+    position = (dph._pef_epoch, dph._pef_pos)
+    assert position != (0, 0)
+    assert "dph-rl" in (out / "README.md").read_text() and "2509.07430" in (out / "README.md").read_text()
+    kw.update(max_steps=3)
+    resumed = _dph(tmp_path, **kw)
+    resumed.train(resume_from_checkpoint=str(out / "checkpoint-2"))
+    assert resumed.state.global_step == 3
+    expected = _dph(tmp_path, **kw)  # where the stream stands after one more micro-step from the saved position
+    expected._pef_epoch, expected._pef_pos = position
+    expected._next_pef_batch()
+    assert (resumed._pef_epoch, resumed._pef_pos) == (expected._pef_epoch, expected._pef_pos)

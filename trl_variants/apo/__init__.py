@@ -1,0 +1,4 @@
+from .config import APOConfig
+from .trainer import APOTrainer
+
+__all__ = ["APOConfig", "APOTrainer"]

@@ -1,0 +1,154 @@
+"""A*-PO: offline optimal values, then least-squares regression of optimal advantages with one sample per prompt
+(ALGORITHMS.md "A*-PO"; paper arXiv 2505.20686).
+
+1. Stage 1 (once, cached, before training): N reference samples per prompt, their rewards and
+   ``V_hat(x) = beta1 log mean exp(r / beta1)`` (``trl_variants.presample``). A dataset made by ``trl-variants
+   presample`` (with ``ref_value``) is used as is.
+2. Stage 2, each step: one completion per prompt from the current policy (GRPO's generation and reward functions),
+   target ``r - V_hat(x)``, loss ``mean (beta2 * sum_t [log pi - log pi_ref] - (r - V_hat))^2``.
+The reference is the frozen starting policy: loaded from the model's path, the disabled adapter with PEFT, or a copy
+of the weights you passed when the model is an in-memory object.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+from transformers import PreTrainedModel
+from trl import GRPOTrainer
+from trl.trainer.utils import add_fused_lm_head
+
+from .. import losses
+from .._citations import APO, paper
+from ..presample import PresampleConfig, check_presample_options, presample
+from .config import APOConfig
+
+
+class APOTrainer(GRPOTrainer):
+    """A*-PO. Takes GRPOTrainer's arguments; see [`APOConfig`]."""
+
+    _tag_names = ["trl", "a-star-po"]
+    _name = "A*-PO"
+    _paper = paper("Accelerating RL for LLM Reasoning with Optimal Advantage Regression", "2505.20686", APO)
+
+    def __init__(self, model, reward_funcs=None, args: APOConfig | None = None, train_dataset=None,
+                 eval_dataset=None, peft_config=None, **kwargs):
+        if args is None:
+            name = model if isinstance(model, str) else model.config._name_or_path
+            args = APOConfig(f"{str(name).rstrip('/').split('/')[-1]}-APO")
+        elif not isinstance(args, APOConfig):
+            raise TypeError(f"args must be an APOConfig, got {type(args).__name__}: build one with APOConfig(...)")
+        if train_dataset is None:
+            raise ValueError("APOTrainer needs a train_dataset (prompts, or the output of trl-variants presample)")
+        # GRPOTrainer reloads its reference from the model's name; for an in-memory model that is not the policy we
+        # were given, so in that case we build the reference ourselves from the given weights.
+        own_reference = isinstance(model, PreTrainedModel) and peft_config is None
+        beta2 = args.beta
+        if own_reference:
+            args.beta = 0.0
+        try:
+            super().__init__(model, reward_funcs, args=args, train_dataset=train_dataset, eval_dataset=eval_dataset,
+                             peft_config=peft_config, **kwargs)
+        finally:
+            args.beta = beta2
+        if own_reference:
+            self.beta = beta2
+            self.ref_model = self._frozen_copy_of_policy()
+        self.train_dataset = self._with_values(train_dataset)
+        self._warned_non_binary = False
+
+    def _frozen_copy_of_policy(self):
+        if self.is_deepspeed_enabled and self.accelerator.state.deepspeed_plugin.zero_stage == 3 or self.is_fsdp_enabled:
+            raise ValueError("with ZeRO-3 / FSDP pass the model as a path (the reference is loaded from it)")
+        policy = self.accelerator.unwrap_model(self.model)
+        ref = type(policy)(policy.config).to(device=policy.device, dtype=policy.dtype)
+        ref.load_state_dict(policy.state_dict())
+        ref.eval().requires_grad_(False)
+        add_fused_lm_head(ref, temperature=self.temperature, cast_lm_head_to_fp32=self.args.cast_lm_head_to_fp32)
+        return self.accelerator.prepare_model(ref, evaluation_mode=True)
+
+    # ---------------------------------------------------------------------------------- stage 1 (offline) ---
+    def _with_values(self, dataset):
+        args = self.args
+        if "ref_value" in dataset.column_names:
+            check_presample_options(dataset, num_samples=args.num_value_samples, value_beta=args.value_beta)
+        else:
+            for func in self.reward_funcs:
+                if isinstance(func, torch.nn.Module):
+                    raise ValueError("APOTrainer's stage 1 scores with reward functions, not reward models")
+            config = PresampleConfig(
+                num_samples=args.num_value_samples, value_beta=args.value_beta, temperature=self.temperature,
+                top_p=args.top_p, top_k=args.top_k or 0, max_completion_length=self.max_completion_length,
+                record_prompt_logp=False, seed=args.seed, cache_dir=args.presample_cache_dir,
+                generation_batch_size=max(args.per_device_train_batch_size, args.num_value_samples) * 4,
+            )
+            was_training = self.model.training
+            self.model.eval()
+            try:
+                with self._reference_weights():
+                    dataset = presample(self.model, self.processing_class, dataset, self.reward_funcs, config,
+                                        reward_weights=self.reward_weights.tolist(), accelerator=self.accelerator)
+            finally:
+                self.model.train(was_training)
+        if args.filter_all_incorrect:
+            kept = dataset.filter(lambda rs: any(r > 0 for r in rs), input_columns="ref_rewards")
+            if len(kept) == 0:
+                raise ValueError(f"filter_all_incorrect dropped all {len(dataset)} prompts (every reference sample "
+                                 "was wrong): nothing to train on. Set filter_all_incorrect=False or use easier data")
+            dataset = kept
+        return dataset
+
+    def _reference_weights(self):
+        """Context in which ``self.model`` computes the reference policy (PEFT: adapter disabled)."""
+        from contextlib import nullcontext
+
+        from peft import PeftModel
+        from trl.trainer.utils import use_adapter
+
+        model = self.accelerator.unwrap_model(self.model)
+        if isinstance(model, PeftModel):
+            return use_adapter(model, adapter_name="ref" if "ref" in model.peft_config else None)
+        return nullcontext()
+
+    # --------------------------------------------------------------------------------- stage 2 (online) ---
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        self._rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        return self._rewards_per_func
+
+    def _generate_and_score_completions(self, inputs):
+        output = super()._generate_and_score_completions(inputs)
+        device = self.accelerator.device
+        rewards = (self._rewards_per_func * self.reward_weights.to(device).unsqueeze(0)).nansum(dim=1)
+        rank, n = self.accelerator.process_index, len(inputs)
+        rewards = rewards[rank * n : (rank + 1) * n]
+        if self.args.check_binary_rewards and not self._warned_non_binary and not torch.isin(
+                rewards, torch.tensor([0.0, 1.0], device=device)).all():
+            warnings.warn("A*-PO assumes binary rewards in {0, 1} (V_hat's limits and the paper's analysis); got "
+                          f"{sorted(set(rewards.tolist()))[:5]}", stacklevel=2)
+            self._warned_non_binary = True
+        values = torch.tensor([x["ref_value"] for x in inputs], dtype=rewards.dtype, device=device)
+        output["apo_rewards"], output["apo_values"] = rewards, values
+        output["advantages"] = rewards - values  # the regression target r - V_hat(x)
+        return output
+
+    def _compute_loss(self, model, inputs):
+        ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+        attn = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+        mask = inputs["completion_mask"]
+        logps, entropies, _ = self._get_per_token_logps_and_entropies(
+            model, ids, attn, inputs["completion_ids"].size(1), compute_entropy=True)
+        seq_log_ratio = ((logps - inputs["ref_per_token_logps"]) * mask).sum(-1)
+        loss = losses.apo_loss(seq_log_ratio, inputs["apo_rewards"], inputs["apo_values"], self.beta)
+        mode = "train" if self.model.training else "eval"
+        entropy = (entropies * mask).sum() / mask.sum().clamp(min=1.0)
+        if self.args.entropy_coef:
+            loss = loss - self.args.entropy_coef * entropy
+        metrics, gather = self._metrics[mode], self.accelerator.gather
+        metrics["apo/regression_loss"].append(gather(loss.detach()).mean().item())
+        metrics["apo/value_mean"].append(gather(inputs["apo_values"]).mean().item())
+        metrics["apo/advantage_mean"].append(gather(inputs["advantages"]).mean().item())
+        metrics["apo/seq_log_ratio_mean"].append(gather(seq_log_ratio.detach()).mean().item())
+        metrics["kl"].append(gather(seq_log_ratio.detach()).mean().item())  # MC estimate of KL(pi || pi_ref)
+        metrics["entropy"].append(gather(entropy.detach()).mean().item())
+        return loss / (self.current_gradient_accumulation_steps if mode == "train" else 1.0)

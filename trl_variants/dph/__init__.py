@@ -1,0 +1,4 @@
+from .config import DPHConfig
+from .trainer import DPHTrainer
+
+__all__ = ["DPHConfig", "DPHTrainer"]

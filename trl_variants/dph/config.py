@@ -1,0 +1,79 @@
+"""Configuration of :class:`~trl_variants.DPHTrainer`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from trl import GRPOConfig
+
+from ..losses import DIVERGENCES
+
+
+@dataclass
+class DPHConfig(GRPOConfig):
+    r"""
+    Configuration for [`DPHTrainer`]: DPH-RL (ALGORITHMS.md, DPH-RL; "The Choice of Divergence: A Neglected Key to
+    Mitigating Diversity Collapse in Reinforcement Learning with Verifiable Reward", Sec. 4, App. C, F, G).
+
+    GRPO without KL on the exploration prompts D_exp, plus ``eta`` times a mass-covering f-divergence (generator
+    form) on stored reference completions of the near-perfect prompts D_pef. Defaults: JS with ``eta = 0.2``
+    (Table 6), "8 of 8" split (k = 8, threshold 8, keep all correct completions), refinement off, one D_pef row per
+    8 rollout rows (the paper's 256 per 2048).
+
+    Parameters:
+        divergence (`str`, defaults to `"js"`):
+            ``forward_kl``, ``reverse_kl``, ``js``, ``alpha`` or ``forward_kl_k3`` (see ``losses.f_divergence``).
+        divergence_alpha (`float`, defaults to `0.2`): the alpha of the alpha-divergence.
+        dph_coef (`float`, defaults to `0.2`): eta, weight of the D_pef term (paper: 0.2 for JS, 0.01 for
+            forward-KL and alpha-divergence).
+        loss_combination (`str`, defaults to `"sum"`): ``"sum"``: ``L_exp + eta * L_pef`` (eq. 7), each a mean over
+            its own subset; ``"count_weighted"``: ``(n_exp L_exp + eta n_pef L_pef) / (n_exp + n_pef)`` with n the
+            rows of each subset in the micro-batch (what the authors' code effectively does).
+        num_presamples (`int`, defaults to `8`): k, reference samples per prompt in the offline pass.
+        pef_threshold (`int`, defaults to `8`): a prompt with at least this many correct of k goes to D_pef.
+        pef_keep (`str`, defaults to `"all"`): keep ``"all"`` correct reference completions or ``"one"``.
+        pef_refine (`bool`, defaults to `False`): draw one more sample per D_pef prompt; keep it in D_pef only if
+            correct (Sec. 4.1).
+        pef_batch_size (`int`, *optional*): D_pef rows per micro-step per process; default
+            ``max(1, per_device_train_batch_size // 8)``.
+        require_pef (`bool`, defaults to `False`): raise when the split leaves D_pef empty; otherwise the trainer
+            warns and runs as GRPO without KL.
+        presample_cache_dir (`str`, *optional*): cache of the offline pass (default ``~/.cache/trl_variants``).
+    """
+
+    divergence: str = field(default="js", metadata={"help": f"One of {DIVERGENCES}.", "choices": list(DIVERGENCES)})
+    divergence_alpha: float = field(default=0.2, metadata={"help": "alpha of the alpha-divergence."})
+    dph_coef: float = field(default=0.2, metadata={"help": "eta: weight of the D_pef divergence term."})
+    loss_combination: str = field(default="sum", metadata={"help": "'sum' (eq. 7) or 'count_weighted'.",
+                                                           "choices": ["sum", "count_weighted"]})
+    num_presamples: int = field(default=8, metadata={"help": "k: reference samples per prompt."})
+    pef_threshold: int = field(default=8, metadata={"help": "Correct samples (of k) that make a prompt D_pef."})
+    pef_keep: str = field(default="all", metadata={"help": "'all' or 'one' correct completion per D_pef prompt.",
+                                                   "choices": ["all", "one"]})
+    pef_refine: bool = field(default=False, metadata={"help": "Refinement draw for D_pef prompts (Sec. 4.1)."})
+    pef_batch_size: int | None = field(default=None, metadata={"help": "D_pef rows per micro-step per process."})
+    require_pef: bool = field(default=False, metadata={"help": "Error instead of GRPO fallback if D_pef is empty."})
+    presample_cache_dir: str | None = field(default=None, metadata={"help": "Cache directory of the offline pass."})
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.divergence not in DIVERGENCES:
+            raise ValueError(f"divergence must be one of {DIVERGENCES}, got {self.divergence!r}")
+        if self.divergence == "alpha" and self.divergence_alpha in (0.0, 1.0):
+            raise ValueError("divergence_alpha must not be 0 or 1 (those limits are the KL divergences)")
+        if self.loss_combination not in ("sum", "count_weighted"):
+            raise ValueError(f"loss_combination must be 'sum' or 'count_weighted', got {self.loss_combination!r}")
+        if self.dph_coef < 0:
+            raise ValueError(f"dph_coef (eta) must be >= 0, got {self.dph_coef}")
+        if self.num_presamples < 1 or not 1 <= self.pef_threshold <= self.num_presamples:
+            raise ValueError(f"need 1 <= pef_threshold <= num_presamples, got pef_threshold={self.pef_threshold}, "
+                             f"num_presamples={self.num_presamples}")
+        if self.pef_keep not in ("all", "one"):
+            raise ValueError(f"pef_keep must be 'all' or 'one', got {self.pef_keep!r}")
+        if self.pef_batch_size is None:
+            self.pef_batch_size = max(1, self.per_device_train_batch_size // 8)
+        if self.pef_batch_size < 1:
+            raise ValueError(f"pef_batch_size must be >= 1, got {self.pef_batch_size}")
+        if self.beta != 0.0:
+            raise ValueError(f"DPH-RL uses no KL term on D_exp (eq. 5): beta must be 0, got {self.beta}; the "
+                             "divergence to the reference is the D_pef term (dph_coef)")

@@ -1,0 +1,169 @@
+"""DPH-RL: GRPO on exploration prompts + f-divergence rehearsal on near-perfect prompts (ALGORITHMS.md "DPH-RL";
+DPH-RL paper Sec. 4, eq. 5-7, App. C, G).
+
+1. Before training (once, cached): k reference samples per training prompt and their rewards; prompts with at
+   least ``pef_threshold`` correct form D_pef (their correct completions are kept with per-token reference
+   log-probs), the rest D_exp (``trl_variants.presample``). A dataset made by ``trl-variants presample`` is used as
+   is.
+2. Each step: GRPO/PPO-clip on D_exp rollouts with no KL term (eq. 5), plus ``eta`` times the token mean of the
+   generator ``f(u)``, ``u = pi_theta / pi_ref`` on a batch of stored D_pef completions (eq. 6), one loss, one
+   backward (eq. 7). No reference model is loaded: pi_ref is only the stored log-probs.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+from trl import GRPOTrainer
+
+from .. import losses
+from .._checkpoint import CheckpointStateMixin
+from .._citations import DPH, paper
+from ..presample import PresampleConfig, check_presample_options, dph_split, presample
+from .config import DPHConfig
+
+_PRESAMPLE_COLUMNS = ("ref_rewards", "ref_completion_ids", "ref_completion_logps", "ref_prompt_ids")
+
+
+class DPHTrainer(CheckpointStateMixin, GRPOTrainer):
+    """Diversity-Preserving Hybrid RL. Takes GRPOTrainer's arguments; see [`DPHConfig`]."""
+
+    _tag_names = ["trl", "grpo", "dph-rl"]
+    _name = "DPH-RL"
+    _paper = paper("The Choice of Divergence: A Neglected Key to Mitigating Diversity Collapse in Reinforcement "
+                   "Learning with Verifiable Reward", "2509.07430", DPH)
+
+    def __init__(self, model, reward_funcs=None, args: DPHConfig | None = None, train_dataset=None,
+                 eval_dataset=None, **kwargs):
+        if args is None:
+            name = model if isinstance(model, str) else model.config._name_or_path
+            args = DPHConfig(f"{str(name).rstrip('/').split('/')[-1]}-DPH")
+        elif not isinstance(args, DPHConfig):
+            raise TypeError(f"args must be a DPHConfig, got {type(args).__name__}: build one with DPHConfig(...)")
+        if train_dataset is None:
+            raise ValueError("DPHTrainer needs a train_dataset (prompts, or the output of trl-variants presample)")
+        super().__init__(model, reward_funcs, args=args, train_dataset=train_dataset, eval_dataset=eval_dataset,
+                         **kwargs)
+        split = dph_split(self._presampled(train_dataset), args.pef_threshold, args.pef_keep,
+                          self._refinement_rewards(train_dataset) if args.pef_refine else None)
+        self.pef_dataset, self.train_dataset, self.split_stats = split.pef, split.exp, split.stats
+        if len(self.pef_dataset) == 0:
+            if args.require_pef:
+                raise ValueError(f"no prompt reached {args.pef_threshold} of {args.num_presamples} correct: D_pef is "
+                                 "empty. Lower pef_threshold, or set require_pef=False to train as GRPO without KL")
+            warnings.warn("DPH-RL: D_pef is empty (no near-perfect prompt); training runs as GRPO without KL",
+                          stacklevel=2)
+        if len(self.train_dataset) == 0:
+            raise ValueError(f"every prompt is near-perfect ({args.pef_threshold} of {args.num_presamples} correct): "
+                             "D_exp is empty and there is nothing to explore. Raise pef_threshold")
+        self._pef_epoch, self._pef_pos = 0, 0  # position of this process in the D_pef stream (checkpointed)
+
+    # -------------------------------------------------------------------------- stage 1: the offline pass ---
+    def _presample_config(self, num_samples: int, seed: int) -> PresampleConfig:
+        return PresampleConfig(
+            num_samples=num_samples, temperature=self.temperature, top_p=self.args.top_p,
+            top_k=self.args.top_k or 0, max_completion_length=self.max_completion_length,
+            record_prompt_logp=False, record_completion_logps=True, seed=seed,
+            generation_batch_size=max(self.args.per_device_train_batch_size, num_samples),
+            logprob_batch_size=self.args.per_device_train_batch_size, cache_dir=self.args.presample_cache_dir,
+        )
+
+    def _fused_scorer(self, ids, mask):
+        device = self.accelerator.device
+        logps, _, _ = self._get_per_token_logps_and_entropies(self.model, ids.to(device), mask.to(device),
+                                                              ids.size(1) - 1)
+        return logps
+
+    def _run_presample(self, dataset, num_samples: int, seed: int):
+        for func in self.reward_funcs:
+            if isinstance(func, torch.nn.Module):
+                raise ValueError("DPHTrainer's offline pass scores with reward functions, not reward models")
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            return presample(self.model, self.processing_class, dataset, self.reward_funcs,
+                             self._presample_config(num_samples, seed), reward_weights=self.reward_weights.tolist(),
+                             accelerator=self.accelerator, token_logps_fn=self._fused_scorer)
+        finally:
+            self.model.train(was_training)
+
+    def _presampled(self, dataset):
+        if all(c in dataset.column_names for c in _PRESAMPLE_COLUMNS):
+            check_presample_options(dataset, num_samples=self.args.num_presamples, temperature=self.temperature)
+            return dataset
+        return self._run_presample(dataset, self.args.num_presamples, self.args.seed)
+
+    def _refinement_rewards(self, dataset):
+        """One extra reference sample per prompt (Sec. 4.1); only D_pef prompts use it."""
+        raw = dataset.remove_columns([c for c in dataset.column_names if c.startswith("ref_")])
+        extra = self._run_presample(raw, 1, self.args.seed + 1)
+        return [r[0] for r in extra["ref_rewards"]]
+
+    # ---------------------------------------------------------------------------------- the D_pef stream ---
+    def _extra_state(self) -> dict:
+        return {"pef_epoch": self._pef_epoch, "pef_pos": self._pef_pos}
+
+    def _load_extra_state(self, state: dict) -> None:
+        self._pef_epoch, self._pef_pos = state["pef_epoch"], state["pef_pos"]
+
+    def _pef_order(self, epoch: int) -> list[int]:
+        """This process's share of a seeded permutation of D_pef for ``epoch``."""
+        g = torch.Generator().manual_seed(self.args.seed * 1_000_003 + epoch)
+        perm = torch.randperm(len(self.pef_dataset), generator=g).tolist()
+        share = perm[self.accelerator.process_index :: self.accelerator.num_processes]
+        return share or perm  # fewer rows than processes: every process cycles through all of them
+
+    def _next_pef_batch(self):
+        """The next ``pef_batch_size`` D_pef rows of this process: an infinite, shuffled, sharded stream."""
+        rows = []
+        while len(rows) < self.args.pef_batch_size:
+            order = self._pef_order(self._pef_epoch)
+            take = order[self._pef_pos : self._pef_pos + self.args.pef_batch_size - len(rows)]
+            rows += take
+            self._pef_pos += len(take)
+            if self._pef_pos >= len(order):
+                self._pef_epoch, self._pef_pos = self._pef_epoch + 1, 0
+        return self.pef_dataset.select(rows)
+
+    def _pef_tensors(self, batch):
+        device = self.accelerator.device
+        pad = self.processing_class.pad_token_id
+        prompts, comps, ref = batch["prompt_ids"], batch["completion_ids"], batch["completion_logps"]
+        P, C = max(map(len, prompts)), max(map(len, comps))
+        n = len(prompts)
+        ids = torch.full((n, P + C), pad, dtype=torch.long)
+        attn = torch.zeros_like(ids)
+        ref_logps = torch.zeros((n, C))
+        for i, (p, c, r) in enumerate(zip(prompts, comps, ref, strict=True)):
+            ids[i, P - len(p) : P], attn[i, P - len(p) : P] = torch.tensor(p), 1
+            ids[i, P : P + len(c)], attn[i, P : P + len(c)] = torch.tensor(c), 1
+            ref_logps[i, : len(r)] = torch.tensor(r)
+        return ids.to(device), attn.to(device), ref_logps.to(device), attn[:, P:].to(device), C
+
+    # -------------------------------------------------------------------------------------------- the loss ---
+    def _compute_loss(self, model, inputs):
+        loss_exp = super()._compute_loss(model, inputs)  # GRPO on D_exp rollouts, beta = 0 (eq. 5)
+        mode = "train" if self.model.training else "eval"
+        if mode != "train" or len(self.pef_dataset) == 0 or self.args.dph_coef == 0:
+            return loss_exp
+        ids, attn, ref_logps, mask, C = self._pef_tensors(self._next_pef_batch())
+        logps, _, _ = self._get_per_token_logps_and_entropies(model, ids, attn, C)
+        log_u = logps - ref_logps
+        f = losses.f_divergence(log_u, self.args.divergence, self.args.divergence_alpha)
+        loss_pef = (f * mask).sum() / mask.sum().clamp(min=1.0)  # token mean over the D_pef batch (eq. 6)
+        eta, ga = self.args.dph_coef, self.current_gradient_accumulation_steps
+        if self.args.loss_combination == "sum":  # eq. 7
+            loss = loss_exp + eta * loss_pef / ga
+        else:
+            n_exp, n_pef = inputs["completion_ids"].size(0), ids.size(0)
+            loss = (n_exp * loss_exp + eta * n_pef * loss_pef / ga) / (n_exp + n_pef)
+        metrics = self._metrics[mode]
+        gather = self.accelerator.gather
+        metrics["dph/loss_exp"].append(gather(loss_exp.detach() * ga).mean().item())
+        metrics["dph/loss_pef"].append(gather(loss_pef.detach()).mean().item())
+        n_tok = gather(mask.sum()).sum().clamp(min=1)
+        metrics["dph/log_u_mean"].append((gather((log_u.detach() * mask).sum()).sum() / n_tok).item())
+        metrics["dph/num_pef_rows"].append(float(len(self.pef_dataset)))
+        metrics["dph/num_exp_prompts"].append(float(len(self.train_dataset)))
+        return loss
