@@ -34,13 +34,21 @@ VARIANTS = {
     "erpo": ("grpo_beta0", "step time <= 1.05x GRPO(beta=0); peak memory <= GRPO(beta=0)"),
     "erpo_weights_only": ("grpo_beta0", "(ablation: query weights only)"),
     "erpo_qkl_only": ("grpo_beta0", "(ablation: Query-KL only)"),
+    "eepo": ("grpo_beta0", "step time <= 1.25x GRPO(beta=0) (gate forced on)"),
+    "dph": ("grpo_beta0", "step time <= 1.15x GRPO(beta=0); peak memory < GRPO(beta>0)"),
+    "grpo_g2": (None, "(A*-PO's baseline: 2 completions per prompt)"),
+    "a2po": (None, "(TRL experimental A2POTrainer, stage 2)"),
+    "apo": ("grpo_g2", "time per prompt <= 0.6x GRPO(G=2); faster and lighter than A2POTrainer"),
 }
 
 
 def build_trainer(variant: str, model_path: str, out_dir: str, args):
     from trl import GRPOConfig, GRPOTrainer
 
-    from trl_variants import ERPOConfig, ERPOTrainer, load_default_dataset
+    from trl_variants import (
+        APOConfig, APOTrainer, DPHConfig, DPHTrainer, EEPOConfig, EEPOTrainer, ERPOConfig, ERPOTrainer,
+        load_default_dataset,
+    )
     from trl_variants.rewards import REWARD_FUNCS
 
     accuracy_reward = REWARD_FUNCS[args.reward]  # the same reward for every variant
@@ -60,6 +68,39 @@ def build_trainer(variant: str, model_path: str, out_dir: str, args):
     if variant == "grpo_beta":
         return GRPOTrainer(model=model_path, reward_funcs=accuracy_reward, args=GRPOConfig(beta=0.04, **common),
                            train_dataset=dataset)
+    if variant == "eepo":
+        return EEPOTrainer(model=model_path, reward_funcs=accuracy_reward,
+                           args=EEPOConfig(entropy_gate="always", **common), train_dataset=dataset)
+    if variant == "dph":  # 1 D_pef row per 8 rollout rows; the offline pass is cached before timing starts
+        # the split needs a real correctness signal (format_reward would call every prompt near-perfect)
+        return DPHTrainer(model=model_path, reward_funcs=REWARD_FUNCS["accuracy_reward"],
+                          args=DPHConfig(pef_batch_size=max(1, args.batch // 8), num_presamples=4, pef_threshold=4,
+                                         presample_cache_dir=str(ROOT / "outputs" / "bench-cache"), **common),
+                          train_dataset=dataset.select(range(256)))
+    # A*-PO and its baselines see the same prompts per step (batch // G prompts): one completion each for A*-PO
+    prompts = args.batch // args.G
+    single = {**common, "per_device_train_batch_size": prompts}
+    if variant == "grpo_g2":
+        return GRPOTrainer(model=model_path, reward_funcs=accuracy_reward,
+                           args=GRPOConfig(**{**common, "per_device_train_batch_size": 2 * prompts,
+                                              "num_generations": 2}), train_dataset=dataset)
+    if variant == "apo":
+        return APOTrainer(model=model_path, reward_funcs=accuracy_reward,
+                          args=APOConfig(**{**single, "num_generations": 1}, num_value_samples=4,
+                                         presample_cache_dir=str(ROOT / "outputs" / "bench-cache")),
+                          train_dataset=dataset.select(range(256)))
+    if variant == "a2po":
+        from trl.experimental.a2po import A2POConfig, A2POTrainer
+
+        keep = ("output_dir", "use_cpu", "bf16", "report_to", "save_strategy", "logging_steps", "disable_tqdm",
+                "max_steps", "seed", "learning_rate", "activation_checkpointing", "temperature")
+        trainer = A2POTrainer(model=model_path, reward_funcs=accuracy_reward,
+                              args=A2POConfig(**{k: common[k] for k in keep}, per_device_train_batch_size=prompts,
+                                              num_value_samples=4, max_completion_length=args.max_completion_length,
+                                              filter_all_incorrect=False),
+                              train_dataset=dataset.select(range(256)))
+        trainer.generation_config.min_new_tokens = args.max_completion_length  # same workload as the others
+        return trainer
     if variant.startswith("erpo"):
         extra = {"erpo_weights_only": dict(query_kl_coef=0.0), "erpo_qkl_only": dict(use_query_weights=False)}
         return ERPOTrainer(model=model_path, reward_funcs=accuracy_reward,

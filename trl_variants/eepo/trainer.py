@@ -96,6 +96,7 @@ class EEPOTrainer(CheckpointStateMixin, GRPOTrainer):
         snapshot = [p.detach().clone() for p in params]
         u = losses.unlearning_loss(logps1, mask1, self.args.unlearning_eps_low, self.args.unlearning_eps_high)
         grads = torch.autograd.grad(u, params, allow_unused=True)
+        before1 = logps1.detach()  # stage-1 log-probs under the policy: the stage-1 old log-probs
         del logps1
         try:
             with torch.no_grad():
@@ -104,23 +105,25 @@ class EEPOTrainer(CheckpointStateMixin, GRPOTrainer):
                         p.sub_(self.args.unlearning_lr * g)
             del grads
             self._sync_vllm()
-            # 4. stage 2 from the unlearned rollout model; its log-probs are the stage-2 old log-probs
+            # 4. stage 2 from the unlearned rollout model; one forward under it scores both stages: stage 2 (its
+            #    old log-probs and entropy) and stage 1 (how much the step lowered it)
             c2, lp2 = super()._generate_single_turn(p2, None, {}, half)
             with torch.no_grad():
-                old2, ent2, mask2 = self._score(model, p2, c2, entropy=True)
-                after1, _, _ = self._score(model, p1, c1)
+                after, ent, mask = self._score(model, p1 + p2, c1 + c2, entropy=True)
         finally:
             # 5. restore, bit for bit
             with torch.no_grad():
                 for p, saved in zip(params, snapshot, strict=True):
                     p.copy_(saved)
             self._sync_vllm()
-        with torch.no_grad():
-            before1, _, _ = self._score(model, p1, c1)
+        n1, c1_width = len(p1), mask1.size(1)
+        after1, old2 = after[:n1, :c1_width], after[n1:]
+        mask2, ent2 = mask[n1:], ent[n1:]
         metrics["eepo/unlearning_loss"].append(self.accelerator.gather(u.detach()).mean().item())
         metrics["eepo/entropy_stage2"].append(self._global_mean(ent2, mask2))
         drop = ((after1 - before1) * mask1).sum(-1)
         metrics["eepo/stage1_logp_change"].append(self.accelerator.gather(drop).mean().item())
+        # old log-probs: stage 1 under the policy (= the pre-step weights), stage 2 under the unlearned weights
         rows1 = [lp[m.bool()].tolist() for lp, m in zip(before1, mask1, strict=True)]
         rows2 = [lp[m.bool()].tolist() for lp, m in zip(old2, mask2, strict=True)]
         self._pending_old_logps = self._interleave(stage1, stage2, rows1, rows2, None, None)[0]
