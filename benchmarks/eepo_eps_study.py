@@ -20,7 +20,7 @@ from trl_variants import EEPOConfig, EEPOTrainer, accuracy_reward, load_default_
 from trl_variants.default import DEFAULT_MODEL_PATH
 
 ROOT = Path(__file__).resolve().parent.parent
-SETTINGS = [(1e-6, 1e-3), (1e-6, 1e-2), (1e-6, 0.05), (1e-6, 0.1), (1e-6, 0.2), (1e-3, 1e-3)]
+SETTINGS = [(1e-6, 1e-4), (1e-6, 1e-3), (1e-6, 1e-2), (1e-6, 0.05), (1e-6, 0.1), (1e-6, 0.2), (1e-3, 1e-3)]
 
 
 def run(eps_low, eps_high, eta, ds, out_dir):

@@ -1,4 +1,4 @@
-"""``trl-variants`` command line: ``trl-variants presample --config presample.yaml [--flag value ...]``.
+"""``trl-variants`` command line: ``trl-variants {presample,evaluate} --config file.yaml [--flag value ...]``.
 
 Arguments are parsed with TRL's ``TrlParser`` (YAML via ``--config``, command-line flags override it).
 """
@@ -64,7 +64,66 @@ def presample_main(argv: list[str]) -> None:
             print(f"pushed to https://huggingface.co/datasets/{script_args.hub_dataset_id}")
 
 
-COMMANDS = {"presample": presample_main}
+@dataclass
+class EvaluateScriptArguments(TrainScriptArguments):
+    """What to evaluate, on what, and where the report goes."""
+
+    models: list[str] = field(default_factory=list, metadata={"help": "Model paths / Hub ids (default: tiny)."})
+    model_names: list[str] | None = field(default=None, metadata={"help": "Display names, one per model."})
+    base_model: str | None = field(default=None, metadata={"help": "Base model for keep / exploration rates."})
+    reference_model: str | None = field(default=None, metadata={"help": "Reference for KL on the samples."})
+    max_prompts: int | None = field(default=None, metadata={"help": "Evaluate the first N prompts only."})
+    output_dir: str = field(default="eval", metadata={"help": "Where results.json/.md and the plots go."})
+
+
+def evaluate_main(argv: list[str]) -> None:
+    from accelerate import PartialState
+
+    from .default import DEFAULT_MODEL_PATH
+    from .evaluate import EvalConfig, evaluate, write_report
+
+    parser = TrlParser((EvaluateScriptArguments, EvalConfig), prog="trl-variants evaluate")
+    script_args, config = parser.parse_args_and_config(args=argv)
+    models = script_args.models or [DEFAULT_MODEL_PATH]
+    names = script_args.model_names or [None] * len(models)
+    if len(names) != len(models):
+        raise ValueError(f"--model_names has {len(names)} entries for {len(models)} --models")
+    if script_args.torch_threads:
+        import torch
+
+        torch.set_num_threads(script_args.torch_threads)
+    dataset = load_eval_dataset(script_args)
+    state = PartialState()
+    accelerator = state if state.num_processes > 1 else None
+    rewards = get_reward_funcs(script_args.reward_funcs)
+    base = None
+    if script_args.base_model:
+        base = evaluate(script_args.base_model, None, dataset, rewards, config, name="base", accelerator=accelerator,
+                        reference_model=script_args.reference_model)
+    results = [] if base is None else [base]
+    for model, name in zip(models, names, strict=True):
+        results.append(evaluate(model, None, dataset, rewards, config, name=name, base_results=base,
+                                reference_model=script_args.reference_model, accelerator=accelerator))
+    if state.is_main_process:
+        paths = write_report(results, script_args.output_dir)
+        print(open(paths["markdown"]).read())
+        print("wrote " + ", ".join(paths.values()))
+
+
+def load_eval_dataset(script_args):
+    """The evaluation split: the embedded task's fixed test split, or ``dataset_test_split`` of the dataset."""
+    from types import SimpleNamespace
+
+    _, test = load_datasets(script_args, SimpleNamespace(eval_strategy="steps"))
+    if test is None:
+        raise ValueError(f"dataset {script_args.dataset_name!r} has no split {script_args.dataset_test_split!r}: set "
+                         "--dataset_test_split")
+    if script_args.max_prompts:
+        test = test.select(range(min(script_args.max_prompts, len(test))))
+    return test
+
+
+COMMANDS = {"presample": presample_main, "evaluate": evaluate_main}
 
 
 def main(argv: list[str] | None = None) -> None:

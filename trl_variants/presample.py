@@ -57,6 +57,7 @@ class PresampleConfig:
 
     Parameters:
         num_samples: completions per prompt (A*-PO's N, DPH-RL's k); 0 records only prompt log-likelihoods (ERPO).
+        greedy: decode greedily instead of sampling (needs num_samples 1; used by evaluation).
         temperature, top_p, top_k: sampling parameters (top_k 0 = off). Log-probs are of the temperature-scaled
             distribution, as GRPOTrainer computes them.
         max_prompt_length: keep the last this many prompt tokens (left truncation); None = no truncation.
@@ -75,6 +76,7 @@ class PresampleConfig:
     """
 
     num_samples: int = 8
+    greedy: bool = False
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
@@ -103,6 +105,9 @@ class PresampleConfig:
             raise ValueError(f"value_beta (A*-PO's beta1) must be > 0, got {self.value_beta}")
         if self.value_beta is not None and self.num_samples < 1:
             raise ValueError("value_beta needs num_samples >= 1 (V_hat is computed from sampled rewards)")
+        if self.greedy and self.num_samples != 1:
+            raise ValueError(f"greedy decoding gives one completion per prompt: num_samples must be 1, got "
+                             f"{self.num_samples}")
         if self.record_completion_logps and self.num_samples < 1:
             raise ValueError("record_completion_logps needs num_samples >= 1")
         if not self.temperature > 0:
@@ -132,12 +137,14 @@ def _left_pad(rows: Sequence[Sequence[int]], pad_id: int):
 
 
 @torch.no_grad()
-def token_logps(model, input_ids, attention_mask, temperature: float = 1.0, batch_size: int = 8) -> torch.Tensor:
+def token_logps(model, input_ids, attention_mask, temperature: float = 1.0, batch_size: int = 8,
+                with_entropy: bool = False):
     """``log softmax(logits / temperature)`` of each next token: a ``(B, L - 1)`` tensor whose column ``t`` scores
     token ``t + 1``. Zero where the token or its predecessor is padding (so the first real token, which has no
-    prediction, is skipped). Uses the model's plain forward; rows are processed ``batch_size`` at a time."""
+    prediction, is skipped). Uses the model's plain forward; rows are processed ``batch_size`` at a time.
+    With ``with_entropy`` also returns the entropy of each predictive distribution (same shape)."""
     device = next(model.parameters()).device
-    out = []
+    out, entropies = [], []
     was_training = model.training
     model.eval()
     try:
@@ -145,12 +152,16 @@ def token_logps(model, input_ids, attention_mask, temperature: float = 1.0, batc
             ids = input_ids[start : start + batch_size].to(device)
             mask = attention_mask[start : start + batch_size].to(device)
             logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1].float() / temperature
-            logps = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+            all_logps = torch.log_softmax(logits, dim=-1)
+            logps = all_logps.gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
             valid = (mask[:, 1:] * mask[:, :-1]).bool()
             out.append(logps.masked_fill(~valid, 0.0).cpu())
+            if with_entropy:
+                ent = -(all_logps.exp() * all_logps).sum(-1)
+                entropies.append(ent.masked_fill(~valid, 0.0).cpu())
     finally:
         model.train(was_training)
-    return torch.cat(out)
+    return (torch.cat(out), torch.cat(entropies)) if with_entropy else torch.cat(out)
 
 
 def prompt_logps_from_ids(
@@ -403,7 +414,7 @@ def _process_shard(rows, shard_index, model, tokenizer, config, reward_funcs, re
         samples = generate_completions(
             model, tokenizer, prompt_ids, config.num_samples, max_new_tokens=config.max_completion_length,
             temperature=config.temperature, top_p=config.top_p, top_k=config.top_k,
-            batch_size=config.generation_batch_size,
+            batch_size=config.generation_batch_size, do_sample=not config.greedy,
         )
     eos_ids = eos_ids or eos_token_ids(tokenizer, model)
     conversational = isinstance(prompts[0], list)
