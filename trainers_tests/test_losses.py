@@ -119,3 +119,9 @@ def test_apo_loss_hand_computed():
     # (beta * log_ratio - (r - V))^2, mean over the batch
     loss = losses.apo_loss(torch.tensor([10.0, -20.0]), torch.tensor([1.0, 0.0]), torch.tensor([0.5, 0.25]), 1e-2)
     assert loss.item() == pytest.approx(((0.1 - 0.5) ** 2 + (-0.2 + 0.25) ** 2) / 2)
+
+
+def test_js_definition_terms_hand_computed():
+    ref_side, policy_side = losses.js_definition_terms(torch.tensor([0.0, math.log(2.0), math.log(0.5)]))
+    torch.testing.assert_close(ref_side, torch.tensor([0.0, -math.log(1.5), -math.log(0.75)]))
+    torch.testing.assert_close(policy_side, torch.tensor([0.0, math.log(2 / 1.5), math.log(0.5 / 0.75)]))

@@ -13,6 +13,7 @@ import torch
 __all__ = [
     "apo_loss",
     "f_divergence",
+    "js_definition_terms",
     "optimal_value",
     "query_kl",
     "query_weights",
@@ -117,6 +118,19 @@ def f_divergence(log_ratio: torch.Tensor, divergence: str = "js", alpha: float =
     if divergence == "forward_kl_k3":
         return u - log_ratio - 1.0
     raise ValueError(f"divergence must be one of {DIVERGENCES}, got {divergence!r}")
+
+
+def js_definition_terms(log_ratio: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """DPH-RL App. F, eq. 14-17: per-token sample estimates of the two halves of JS through ``M = (pi_ref + pi)/2``,
+    with ``u = exp(log_ratio) = pi / pi_ref`` at the sampled token:
+
+    * ``KL(pi_ref || M)`` on tokens sampled from pi_ref (D_pef): ``log(pi_ref / M) = -log((1 + u) / 2)``;
+    * ``KL(pi || M)`` on tokens sampled from pi (D_exp rollouts): ``log(pi / M) = log u - log((1 + u) / 2)``.
+
+    Returns ``(ref_side, policy_side)``, both elementwise and 0 at ``u = 1``.
+    """
+    log_half_sum = torch.logaddexp(log_ratio, torch.zeros_like(log_ratio)) - math.log(2.0)  # log((1 + u) / 2)
+    return -log_half_sum, log_ratio - log_half_sum
 
 
 # ---------------------------------------------------------------------------------------------------- A*-PO ---

@@ -163,4 +163,5 @@ def train_and_save(trainer, training_args, script_args):
     trainer.create_model_card(model_name=model_name, dataset_name=dataset_name)
     if training_args.push_to_hub:
         trainer.push_to_hub(dataset_name=dataset_name, model_name=model_name)
-    trainer.accelerator.print(f"model saved to {training_args.output_dir}")
+    trainer.accelerator.print(f"model saved to {training_args.output_dir} "
+                              f"(trained on {trainer.accelerator.num_processes} process(es))")

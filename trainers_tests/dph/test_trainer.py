@@ -1,3 +1,5 @@
+import math
+
 import pytest
 import torch
 from datasets import load_from_disk
@@ -124,3 +126,34 @@ def test_end_to_end_train_save_resume_continues_pef_stream(tmp_path):
     expected._pef_epoch, expected._pef_pos = position
     expected._next_pef_batch()
     assert (resumed._pef_epoch, resumed._pef_pos) == (expected._pef_epoch, expected._pef_pos)
+
+
+def test_definition_form_js_with_live_reference(tmp_path):
+    grpo = GRPOTrainer(model=DEFAULT_MODEL_PATH, reward_funcs=accuracy_reward,
+                       args=small_config(GRPOConfig, tmp_path / "g"), train_dataset=train_dataset())
+    dph = _dph(tmp_path, divergence_form="definition", dph_coef=0.0)  # isolate the D_exp term
+    assert dph.ref_model is not None
+    assert dph.js_beta1 == 0.0
+    dph.js_beta1 = 0.5
+    inputs, _ = fixed_batch(grpo)
+    ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
+    attn = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
+    with torch.no_grad():
+        current, _, _ = dph._get_per_token_logps_and_entropies(dph.model, ids, attn, inputs["completion_ids"].size(1))
+    ref = current - 0.4  # u = e^0.4 on every rollout token
+    loss_g, _ = loss_and_grads(grpo, inputs)
+    loss_d, _ = loss_and_grads(dph, dict(inputs, ref_per_token_logps=ref))
+    u = math.exp(0.4)
+    expected = 0.5 * (0.4 - math.log((1 + u) / 2))  # beta1 * KL(pi || M) per token
+    assert loss_d.item() - loss_g.item() == pytest.approx(expected, abs=1e-5)
+    with pytest.raises(ValueError, match="divergence='js'"):
+        DPHConfig(output_dir="x", use_cpu=True, bf16=False, divergence="forward_kl", divergence_form="definition")
+
+
+@pytest.mark.slow
+def test_definition_form_trains(tmp_path):
+    dph = _dph(tmp_path, divergence_form="definition", max_steps=2)
+    assert dph.js_beta1 == pytest.approx(0.2 * len(dph.pef_dataset) / len(dph.train_dataset))
+    dph.train()
+    logged = {k for h in dph.state.log_history for k in h}
+    assert {"dph/js_exp_term", "dph/loss_pef"} <= logged

@@ -17,10 +17,10 @@ import warnings
 import torch
 from transformers import PreTrainedModel
 from trl import GRPOTrainer
-from trl.trainer.utils import add_fused_lm_head
 
 from .. import losses
 from .._citations import APO, paper
+from .._reference import frozen_copy_of_policy
 from ..presample import PresampleConfig, check_presample_options, presample
 from .config import APOConfig
 
@@ -54,19 +54,9 @@ class APOTrainer(GRPOTrainer):
             args.beta = beta2
         if own_reference:
             self.beta = beta2
-            self.ref_model = self._frozen_copy_of_policy()
+            self.ref_model = frozen_copy_of_policy(self)
         self.train_dataset = self._with_values(train_dataset)
         self._warned_non_binary = False
-
-    def _frozen_copy_of_policy(self):
-        if self.is_deepspeed_enabled and self.accelerator.state.deepspeed_plugin.zero_stage == 3 or self.is_fsdp_enabled:
-            raise ValueError("with ZeRO-3 / FSDP pass the model as a path (the reference is loaded from it)")
-        policy = self.accelerator.unwrap_model(self.model)
-        ref = type(policy)(policy.config).to(device=policy.device, dtype=policy.dtype)
-        ref.load_state_dict(policy.state_dict())
-        ref.eval().requires_grad_(False)
-        add_fused_lm_head(ref, temperature=self.temperature, cast_lm_head_to_fp32=self.args.cast_lm_head_to_fp32)
-        return self.accelerator.prepare_model(ref, evaluation_mode=True)
 
     # ---------------------------------------------------------------------------------- stage 1 (offline) ---
     def _with_values(self, dataset):

@@ -39,6 +39,10 @@ class DPHConfig(GRPOConfig):
         require_pef (`bool`, defaults to `False`): raise when the split leaves D_pef empty; otherwise the trainer
             warns and runs as GRPO without KL.
         presample_cache_dir (`str`, *optional*): cache of the offline pass (default ``~/.cache/trl_variants``).
+        divergence_form (`str`, defaults to `"generator"`): ``"generator"`` (eq. 6, no reference model) or
+            ``"definition"`` (App. F, JS only): ``KL(pi_ref || M)`` on D_pef and ``beta1 * KL(pi_theta || M)`` on
+            D_exp rollouts, ``M = (pi_ref + pi_theta) / 2``, ``beta1 = eta |D_pef| / |D_exp|``, with a live
+            reference model (sample-based per-token estimates on each set's own samples).
     """
 
     divergence: str = field(default="js", metadata={"help": f"One of {DIVERGENCES}.", "choices": list(DIVERGENCES)})
@@ -54,6 +58,9 @@ class DPHConfig(GRPOConfig):
     pef_batch_size: int | None = field(default=None, metadata={"help": "D_pef rows per micro-step per process."})
     require_pef: bool = field(default=False, metadata={"help": "Error instead of GRPO fallback if D_pef is empty."})
     presample_cache_dir: str | None = field(default=None, metadata={"help": "Cache directory of the offline pass."})
+    divergence_form: str = field(default="generator", metadata={"help": "'generator' (eq. 6) or 'definition' "
+                                                                        "(App. F, JS with a live reference).",
+                                                                "choices": ["generator", "definition"]})
 
     def __post_init__(self):
         super().__post_init__()
@@ -74,6 +81,11 @@ class DPHConfig(GRPOConfig):
             self.pef_batch_size = max(1, self.per_device_train_batch_size // 8)
         if self.pef_batch_size < 1:
             raise ValueError(f"pef_batch_size must be >= 1, got {self.pef_batch_size}")
+        if self.divergence_form not in ("generator", "definition"):
+            raise ValueError(f"divergence_form must be 'generator' or 'definition', got {self.divergence_form!r}")
+        if self.divergence_form == "definition" and self.divergence != "js":
+            raise ValueError("divergence_form='definition' is App. F's JS method: set divergence='js' (for the other "
+                             "divergences the definition and generator forms coincide)")
         if self.beta != 0.0:
             raise ValueError(f"DPH-RL uses no KL term on D_exp (eq. 5): beta must be 0, got {self.beta}; the "
                              "divergence to the reference is the D_pef term (dph_coef)")

@@ -8,6 +8,7 @@ DPH-RL paper Sec. 4, eq. 5-7, App. C, G).
 2. Each step: GRPO/PPO-clip on D_exp rollouts with no KL term (eq. 5), plus ``eta`` times the token mean of the
    generator ``f(u)``, ``u = pi_theta / pi_ref`` on a batch of stored D_pef completions (eq. 6), one loss, one
    backward (eq. 7). No reference model is loaded: pi_ref is only the stored log-probs.
+Option ``divergence_form="definition"`` (App. F): JS through its definition, with a live reference model.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from trl import GRPOTrainer
 from .. import losses
 from .._checkpoint import CheckpointStateMixin
 from .._citations import DPH, paper
+from .._reference import frozen_copy_of_policy
 from ..presample import PresampleConfig, check_presample_options, dph_split, presample
 from .config import DPHConfig
 
@@ -43,8 +45,14 @@ class DPHTrainer(CheckpointStateMixin, GRPOTrainer):
             raise TypeError(f"args must be a DPHConfig, got {type(args).__name__}: build one with DPHConfig(...)")
         if train_dataset is None:
             raise ValueError("DPHTrainer needs a train_dataset (prompts, or the output of trl-variants presample)")
+        definition = args.divergence_form == "definition"
         super().__init__(model, reward_funcs, args=args, train_dataset=train_dataset, eval_dataset=eval_dataset,
                          **kwargs)
+        if definition:  # App. F needs a live reference: the frozen start (the disabled adapter under PEFT)
+            from peft import PeftModel
+
+            if not isinstance(self.accelerator.unwrap_model(self.model), PeftModel):
+                self.ref_model = frozen_copy_of_policy(self)
         split = dph_split(self._presampled(train_dataset), args.pef_threshold, args.pef_keep,
                           self._refinement_rewards(train_dataset) if args.pef_refine else None)
         self.pef_dataset, self.train_dataset, self.split_stats = split.pef, split.exp, split.stats
@@ -58,6 +66,12 @@ class DPHTrainer(CheckpointStateMixin, GRPOTrainer):
             raise ValueError(f"every prompt is near-perfect ({args.pef_threshold} of {args.num_presamples} correct): "
                              "D_exp is empty and there is nothing to explore. Raise pef_threshold")
         self._pef_epoch, self._pef_pos = 0, 0  # position of this process in the D_pef stream (checkpointed)
+        if definition:
+            # GRPO computes the rollouts' reference log-probs when beta != 0; its own KL term stays off (the loss
+            # below runs GRPO's with beta = 0). beta1 = eta |D_pef| / |D_exp| (App. F, eq. 16).
+            self.beta = 1.0
+            self.js_beta1 = args.dph_coef * len(self.pef_dataset) / len(self.train_dataset)
+        self._policy_logps = None
 
     # -------------------------------------------------------------------------- stage 1: the offline pass ---
     def _presample_config(self, num_samples: int, seed: int) -> PresampleConfig:
@@ -142,15 +156,44 @@ class DPHTrainer(CheckpointStateMixin, GRPOTrainer):
         return ids.to(device), attn.to(device), ref_logps.to(device), attn[:, P:].to(device), C
 
     # -------------------------------------------------------------------------------------------- the loss ---
+    def _get_per_token_logps_and_entropies(self, model, *args, **kwargs):
+        out = super()._get_per_token_logps_and_entropies(model, *args, **kwargs)
+        if self._capture_policy_logps:
+            self._policy_logps = out[0]
+        return out
+
+    _capture_policy_logps = False
+
+    def _grpo_loss(self, model, inputs):
+        """GRPO on D_exp rollouts with no KL term (eq. 5); in the definition form, plus beta1 * KL(pi || M)."""
+        if self.args.divergence_form == "generator":
+            return super()._compute_loss(model, inputs)
+        self.beta, self._capture_policy_logps = 0.0, True
+        try:
+            loss = super()._compute_loss(model, inputs)
+        finally:
+            self.beta, self._capture_policy_logps = 1.0, False
+        mask = inputs["completion_mask"]
+        _, policy_side = losses.js_definition_terms(self._policy_logps - inputs["ref_per_token_logps"])
+        self._policy_logps = None
+        kl = (policy_side * mask).sum() / mask.sum().clamp(min=1.0)
+        mode = "train" if self.model.training else "eval"
+        self._metrics[mode]["dph/js_exp_term"].append(self.accelerator.gather(kl.detach()).mean().item())
+        scale = self.current_gradient_accumulation_steps if mode == "train" else 1.0
+        return loss + self.js_beta1 * kl / scale
+
     def _compute_loss(self, model, inputs):
-        loss_exp = super()._compute_loss(model, inputs)  # GRPO on D_exp rollouts, beta = 0 (eq. 5)
+        loss_exp = self._grpo_loss(model, inputs)
         mode = "train" if self.model.training else "eval"
         if mode != "train" or len(self.pef_dataset) == 0 or self.args.dph_coef == 0:
             return loss_exp
         ids, attn, ref_logps, mask, C = self._pef_tensors(self._next_pef_batch())
         logps, _, _ = self._get_per_token_logps_and_entropies(model, ids, attn, C)
         log_u = logps - ref_logps
-        f = losses.f_divergence(log_u, self.args.divergence, self.args.divergence_alpha)
+        if self.args.divergence_form == "definition":
+            f, _ = losses.js_definition_terms(log_u)  # KL(pi_ref || M) on reference samples (eq. 17)
+        else:
+            f = losses.f_divergence(log_u, self.args.divergence, self.args.divergence_alpha)
         loss_pef = (f * mask).sum() / mask.sum().clamp(min=1.0)  # token mean over the D_pef batch (eq. 6)
         eta, ga = self.args.dph_coef, self.current_gradient_accumulation_steps
         if self.args.loss_combination == "sum":  # eq. 7
