@@ -46,7 +46,14 @@ def build_trainer(variant: str, model_path: str, out_dir: str, args):
     from trl import GRPOConfig, GRPOTrainer
 
     from trl_variants import (
-        APOConfig, APOTrainer, DPHConfig, DPHTrainer, EEPOConfig, EEPOTrainer, ERPOConfig, ERPOTrainer,
+        APOConfig,
+        APOTrainer,
+        DPHConfig,
+        DPHTrainer,
+        EEPOConfig,
+        EEPOTrainer,
+        ERPOConfig,
+        ERPOTrainer,
         load_default_dataset,
     )
     from trl_variants.rewards import REWARD_FUNCS

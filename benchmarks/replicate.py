@@ -30,8 +30,16 @@ def train(method: str, seed: int, args, out_dir: Path):
     from trl import GRPOConfig, GRPOTrainer
 
     from trl_variants import (
-        APOConfig, APOTrainer, DPHConfig, DPHTrainer, EEPOConfig, EEPOTrainer, ERPOConfig, ERPOTrainer,
-        accuracy_reward, load_default_dataset,
+        APOConfig,
+        APOTrainer,
+        DPHConfig,
+        DPHTrainer,
+        EEPOConfig,
+        EEPOTrainer,
+        ERPOConfig,
+        ERPOTrainer,
+        accuracy_reward,
+        load_default_dataset,
     )
     from trl_variants.default import DEFAULT_MODEL_PATH
 
@@ -147,9 +155,11 @@ def main():
         return statistics.mean(vals), (statistics.stdev(vals) if len(vals) > 1 else float("nan"))
 
     k, t_hi = args.k, str(max(args.temperatures))
+    def e(r, t="1.0"):
+        return r["temperatures"][t]
+
     rows = {}
     for method in ["base"] + args.methods:
-        e = lambda r, t="1.0": r["temperatures"][t]  # noqa: E731
         rows[method] = {
             "greedy": mean(method, lambda r: r["greedy"]),
             f"avg@{k} T=1.0": mean(method, lambda r: e(r)[f"avg@{k}"]),

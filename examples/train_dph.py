@@ -1,37 +1,18 @@
 """Train with DPH-RL (f-divergence rehearsal on near-perfect prompts + GRPO on the rest).
 
-    accelerate launch examples/train_dph.py                                        # tiny default, CPU, ~2 min
+    accelerate launch examples/train_dph.py                      # tiny default (configs/dph/tiny_cpu.yaml), CPU
     accelerate launch examples/train_dph.py --config configs/dph/qwen2.5-math-7b.yaml
-    accelerate launch examples/train_dph.py --max_steps 20 --divergence forward_kl --dph_coef 0.01 # flags override the YAML
+    accelerate launch examples/train_dph.py --max_steps 20 --divergence forward_kl --dph_coef 0.01   # flags override the YAML
+
+The steps (parse, data, rewards, trainer, train, save, push) are `trl_variants.scripts.run_training`.
 """
 
 from pathlib import Path
 
-from trl import get_peft_config
-
 from trl_variants import DPHConfig, DPHTrainer
-from trl_variants.scripts import (
-    get_reward_funcs, load_datasets, model_init_kwargs, model_name_or_path, parse_args, train_and_save,
-)
+from trl_variants.scripts import run_training
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "dph" / "tiny_cpu.yaml"
 
-
-def main():
-    script_args, training_args, model_args = parse_args(DPHConfig, default_config=DEFAULT_CONFIG)
-    training_args.model_init_kwargs = model_init_kwargs(model_args, training_args)
-    train_dataset, eval_dataset = load_datasets(script_args, training_args)
-
-    trainer = DPHTrainer(
-        model=model_name_or_path(model_args),
-        reward_funcs=get_reward_funcs(script_args.reward_funcs),
-        args=training_args,
-        train_dataset=train_dataset,
-        eval_dataset=eval_dataset,
-        peft_config=get_peft_config(model_args),
-    )
-    train_and_save(trainer, training_args, script_args)
-
-
 if __name__ == "__main__":
-    main()
+    run_training(DPHTrainer, DPHConfig, DEFAULT_CONFIG)

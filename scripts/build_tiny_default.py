@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import random
 import time
 from pathlib import Path
 
@@ -22,7 +21,11 @@ import torch
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
 from trl_variants.default import (
-    DEFAULT_MODEL_PATH, build_tokenizer, generate_problems, load_default_dataset, measure_accuracy,
+    DEFAULT_MODEL_PATH,
+    build_tokenizer,
+    generate_problems,
+    load_default_dataset,
+    measure_accuracy,
     problems_to_dataset,
 )
 from trl_variants.generation import tokenize_prompts

@@ -74,3 +74,36 @@ def assert_same_grads(a, b, atol=1e-7):
 
 
 __all__ = ["DEFAULT_MODEL_PATH", "CPU_ARGS", "fixed_batch", "loss_and_grads", "small_config", "train_dataset"]
+
+
+def grpo_trainer(tmp_path, **kw):
+    """The TRL baseline on the same model, data and small config."""
+    from trl import GRPOConfig, GRPOTrainer
+
+    from trl_variants import accuracy_reward
+
+    return GRPOTrainer(model=DEFAULT_MODEL_PATH, reward_funcs=accuracy_reward,
+                       args=small_config(GRPOConfig, tmp_path / "grpo", **kw), train_dataset=train_dataset())
+
+
+def assert_exactly_grpo(grpo, other, inputs):
+    """Same loss and same gradients, bit for bit, on the same batch."""
+    loss_g, grads_g = loss_and_grads(grpo, inputs)
+    loss_o, grads_o = loss_and_grads(other, inputs)
+    assert torch.equal(loss_g, loss_o)
+    assert_same_grads(grads_g, grads_o, atol=0.0)
+
+
+def run_two_ranks(script, port: int, timeout: int = 300):
+    """Run ``script`` on two gloo ranks (``torchrun``, CPU); each rank must print OK."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = dict(os.environ, ACCELERATE_USE_CPU="1", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
+    torchrun = Path(sys.executable).parent / "torchrun"
+    proc = subprocess.run([str(torchrun), "--nproc_per_node", "2", "--master_port", str(port), str(script)], env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0 and proc.stdout.count("OK") == 2, proc.stderr[-3000:]
+    return proc

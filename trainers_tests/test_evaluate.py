@@ -10,7 +10,12 @@ import pytest
 from trl_variants import ERPOConfig, ERPOTrainer, accuracy_reward
 from trl_variants.default import DEFAULT_MODEL_PATH, load_default_dataset
 from trl_variants.evaluate import (
-    EvalConfig, PassAtKCallback, evaluate, keep_and_exploration_rates, pass_at_k, write_report,
+    EvalConfig,
+    PassAtKCallback,
+    evaluate,
+    keep_and_exploration_rates,
+    pass_at_k,
+    write_report,
 )
 
 from .helpers import small_config, train_dataset

@@ -16,8 +16,8 @@ def test_query_weights_hand_computed():
 
 
 def test_query_weights_carry_no_gradient_and_reject_bad_input():
-    l = torch.tensor([-3.0, -5.0], requires_grad=True)
-    assert not losses.query_weights(l).requires_grad
+    logp = torch.tensor([-3.0, -5.0], requires_grad=True)
+    assert not losses.query_weights(logp).requires_grad
     with pytest.raises(ValueError, match="< 0"):
         losses.query_weights(torch.tensor([-1.0, 0.0]))
     with pytest.raises(ValueError, match="1-D"):

@@ -9,10 +9,12 @@ import torch
 from datasets import Dataset, load_from_disk
 
 from trl_variants import presample as ps
-from trl_variants.default import DEFAULT_MODEL_PATH, load_default_dataset
+from trl_variants.default import load_default_dataset
 from trl_variants.losses import optimal_value
 from trl_variants.presample import PresampleConfig, dph_split, presample
 from trl_variants.rewards import accuracy_reward
+
+from .helpers import run_two_ranks
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -64,12 +66,12 @@ def test_completion_logps_equal_fresh_forward_of_the_reference(tmp_path, prompts
             torch.testing.assert_close(torch.tensor(stored), fresh, atol=1e-5, rtol=1e-5)
         fresh_prompt = torch.log_softmax(tiny_model(input_ids=torch.tensor([row["ref_prompt_ids"]])).logits[0, :-1], -1)
         ids = torch.tensor(row["ref_prompt_ids"][1:])
-        l = fresh_prompt.gather(-1, ids[:, None]).sum() / 1.0
+        at_t1 = fresh_prompt.gather(-1, ids[:, None]).sum()
         # prompt logp is at the sampling temperature too
         fresh_t = torch.log_softmax(tiny_model(input_ids=torch.tensor([row["ref_prompt_ids"]])).logits[0, :-1] / 0.7,
                                     -1).gather(-1, ids[:, None]).sum()
         assert row["ref_prompt_logp"] == pytest.approx(fresh_t.item(), abs=1e-4)
-        assert l.item() != pytest.approx(fresh_t.item(), abs=1e-3)
+        assert at_t1.item() != pytest.approx(fresh_t.item(), abs=1e-3)
 
 
 def test_cache_hit_generates_nothing(tmp_path, prompts, tiny_model, tiny_tokenizer, monkeypatch):
@@ -133,6 +135,8 @@ from accelerate import PartialState
 from trl_variants.default import DEFAULT_MODEL_PATH, load_default_dataset
 from trl_variants.presample import PresampleConfig, presample
 from trl_variants.rewards import accuracy_reward
+
+from .helpers import run_two_ranks
 state = PartialState(cpu=True)
 assert state.num_processes == 2, state
 ds = load_default_dataset(n_train=10, n_test=1, seed=3)["train"]
@@ -140,11 +144,9 @@ cfg = PresampleConfig(num_samples=4, max_completion_length=40, value_beta=0.5, r
                       shard_size=4, use_cache=False, show_progress=False)
 out = presample(DEFAULT_MODEL_PATH, None, ds, accuracy_reward, cfg, accelerator=state)
 out.save_to_disk({str(tmp_path / 'rank')!r} + str(state.process_index))
+print("OK")
 """)
-    env = dict(os.environ, ACCELERATE_USE_CPU="1", OMP_NUM_THREADS="1")
-    torchrun = Path(sys.executable).parent / "torchrun"
-    subprocess.run([str(torchrun), "--nproc_per_node", "2", "--master_port", "29517", str(script)], env=env,
-                   check=True, capture_output=True, timeout=300)
+    run_two_ranks(script, 29517)
     for rank in (0, 1):
         assert load_from_disk(str(tmp_path / f"rank{rank}")).to_dict() == single.to_dict()
 

@@ -5,8 +5,8 @@
 
 __version__ = "0.1.0"
 
-from .default import DEFAULT_MODEL_PATH, default_model_path, load_default_dataset
 from .apo import APOConfig, APOTrainer
+from .default import DEFAULT_MODEL_PATH, default_model_path, load_default_dataset
 from .dph import DPHConfig, DPHTrainer
 from .eepo import EEPOConfig, EEPOTrainer
 from .erpo import ERPOConfig, ERPOTrainer

@@ -34,10 +34,10 @@ def query_weights(prompt_logps: torch.Tensor) -> torch.Tensor:
     """
     if prompt_logps.dim() != 1 or prompt_logps.numel() == 0:
         raise ValueError(f"prompt_logps must be a non-empty 1-D tensor, got shape {tuple(prompt_logps.shape)}")
-    l = prompt_logps.detach().float()
-    if (l >= 0).any():
+    logp = prompt_logps.detach().float()
+    if (logp >= 0).any():
         raise ValueError("prompt log-likelihoods must be < 0 (a prompt of at least one scored token)")
-    return l.mean() / l
+    return logp.mean() / logp
 
 
 def reference_query_weights(ref_prompt_logps: torch.Tensor, dataset_mean: float, max_weight: float = 2.0):

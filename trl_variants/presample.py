@@ -513,7 +513,7 @@ def presample(
     if backend == "vllm":  # pragma: no cover - GPU only
         from vllm import LLM
 
-        vllm_llm = LLM(model=getattr(model.config, "_name_or_path"), seed=config.seed)
+        vllm_llm = LLM(model=model.config._name_or_path, seed=config.seed)
     n_shards = math.ceil(len(dataset) / config.shard_size)
     mine = list(range(rank, n_shards, world))  # round robin: every process gets shards from start to end
     results: list[tuple[int, list[dict]]] = []

@@ -153,6 +153,26 @@ def model_init_kwargs(model_args: ModelConfig, training_args) -> dict:
     return kwargs
 
 
+def run_training(trainer_cls, config_cls, default_config: str | Path | None = None, argv: list[str] | None = None):
+    """What every ``examples/train_<algorithm>.py`` does, top to bottom: parse (YAML + flags), load the data and
+    rewards, build the trainer, train, save, push."""
+    from trl import get_peft_config
+
+    script_args, training_args, model_args = parse_args(config_cls, default_config=default_config, argv=argv)
+    training_args.model_init_kwargs = model_init_kwargs(model_args, training_args)
+    train_dataset, eval_dataset = load_datasets(script_args, training_args)
+    trainer = trainer_cls(
+        model=model_name_or_path(model_args),
+        reward_funcs=get_reward_funcs(script_args.reward_funcs),
+        args=training_args,
+        train_dataset=train_dataset,
+        eval_dataset=eval_dataset,
+        peft_config=get_peft_config(model_args),
+    )
+    train_and_save(trainer, training_args, script_args)
+    return trainer
+
+
 def train_and_save(trainer, training_args, script_args):
     """Train (resuming when asked), save the final model and card, push to the Hub when asked."""
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)

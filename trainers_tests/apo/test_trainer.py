@@ -73,7 +73,7 @@ def test_loss_equals_a2po_formula_and_hand_computation(tmp_path):
     a2po_loss = ((beta2 * (policy_seq - ref_seq) - (rewards - values)) ** 2).mean()
     assert loss.item() == pytest.approx(a2po_loss.item(), rel=1e-5, abs=1e-8)
     seq_ratio = (policy_seq - ref_seq).tolist()
-    hand = sum((beta2 * s - (r - v)) ** 2 for s, r, v in zip(seq_ratio, rewards.tolist(), values.tolist())) / 4
+    hand = sum((beta2 * s - (r - v)) ** 2 for s, r, v in zip(seq_ratio, rewards.tolist(), values.tolist(), strict=True)) / 4
     assert loss.item() == pytest.approx(hand, rel=1e-5)
     assert any(abs(beta2 * s) > 0.2 for s in seq_ratio), seq_ratio  # the log-ratio term is really exercised
 

@@ -1,7 +1,6 @@
 import json
 from pathlib import Path
 
-import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from trl_variants.default import DEFAULT_MODEL_PATH, load_default_dataset, measure_accuracy

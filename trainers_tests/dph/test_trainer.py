@@ -3,13 +3,20 @@ import math
 import pytest
 import torch
 from datasets import load_from_disk
-from trl import GRPOConfig, GRPOTrainer
 
 from trl_variants import DPHConfig, DPHTrainer, accuracy_reward
 from trl_variants import presample as ps
 from trl_variants.losses import f_divergence
 
-from ..helpers import DEFAULT_MODEL_PATH, assert_same_grads, fixed_batch, loss_and_grads, small_config, train_dataset
+from ..helpers import (
+    DEFAULT_MODEL_PATH,
+    assert_exactly_grpo,
+    fixed_batch,
+    grpo_trainer,
+    loss_and_grads,
+    small_config,
+    train_dataset,
+)
 
 
 def _dph(tmp_path, dataset=None, **kw):
@@ -34,14 +41,10 @@ def test_split_and_no_reference_model(tmp_path):
 
 @pytest.mark.parametrize("loss_type", ["dapo", "grpo"])
 def test_eta_zero_is_exactly_grpo(tmp_path, loss_type):
-    grpo = GRPOTrainer(model=DEFAULT_MODEL_PATH, reward_funcs=accuracy_reward,
-                       args=small_config(GRPOConfig, tmp_path / "g", loss_type=loss_type), train_dataset=train_dataset())
+    grpo = grpo_trainer(tmp_path, loss_type=loss_type)
     dph = _dph(tmp_path, loss_type=loss_type, dph_coef=0.0)
     inputs, _ = fixed_batch(grpo)
-    loss_g, grads_g = loss_and_grads(grpo, inputs)
-    loss_d, grads_d = loss_and_grads(dph, inputs)
-    assert torch.equal(loss_g, loss_d)
-    assert_same_grads(grads_g, grads_d, atol=0.0)
+    assert_exactly_grpo(grpo, dph, inputs)
 
 
 def test_pef_term_value_and_gradient_direction(tmp_path):
@@ -129,8 +132,7 @@ def test_end_to_end_train_save_resume_continues_pef_stream(tmp_path):
 
 
 def test_definition_form_js_with_live_reference(tmp_path):
-    grpo = GRPOTrainer(model=DEFAULT_MODEL_PATH, reward_funcs=accuracy_reward,
-                       args=small_config(GRPOConfig, tmp_path / "g"), train_dataset=train_dataset())
+    grpo = grpo_trainer(tmp_path)
     dph = _dph(tmp_path, divergence_form="definition", dph_coef=0.0)  # isolate the D_exp term
     assert dph.ref_model is not None
     assert dph.js_beta1 == 0.0

@@ -1,19 +1,22 @@
 import copy
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
-from trl import GRPOConfig, GRPOTrainer
 
 from trl_variants import EEPOConfig, EEPOTrainer, accuracy_reward
 from trl_variants.eepo.config import check_whole_groups
 from trl_variants.losses import unlearning_loss
 
-from ..helpers import DEFAULT_MODEL_PATH, assert_same_grads, fixed_batch, loss_and_grads, small_config, train_dataset
+from ..helpers import (
+    DEFAULT_MODEL_PATH,
+    assert_exactly_grpo,
+    fixed_batch,
+    grpo_trainer,
+    run_two_ranks,
+    small_config,
+    train_dataset,
+)
 
 
 def _eepo(tmp_path, **kw):
@@ -42,14 +45,10 @@ def _plain_logps(model, prompts, completions, temperature=1.0):
 
 @pytest.mark.parametrize("loss_type", ["dapo", "grpo"])
 def test_gate_off_is_exactly_grpo(tmp_path, loss_type):
-    grpo = GRPOTrainer(model=DEFAULT_MODEL_PATH, reward_funcs=accuracy_reward,
-                       args=small_config(GRPOConfig, tmp_path / "g", loss_type=loss_type), train_dataset=train_dataset())
+    grpo = grpo_trainer(tmp_path, loss_type=loss_type)
     eepo = _eepo(tmp_path, loss_type=loss_type, entropy_gate="never")
     inputs, _ = fixed_batch(grpo)
-    loss_g, grads_g = loss_and_grads(grpo, inputs)
-    loss_e, grads_e = loss_and_grads(eepo, inputs)
-    assert torch.equal(loss_g, loss_e)
-    assert_same_grads(grads_g, grads_e, atol=0.0)
+    assert_exactly_grpo(grpo, eepo, inputs)
 
 
 def test_rollout_restores_weights_and_stage2_old_logps_come_from_unlearned_weights(tmp_path):
@@ -191,8 +190,4 @@ assert digests[0] == digests[1], digests
 assert any("eepo/gate" in h for h in t.state.log_history)
 print("OK", digests)
 """)
-    env = dict(os.environ, ACCELERATE_USE_CPU="1", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
-    torchrun = Path(sys.executable).parent / "torchrun"
-    proc = subprocess.run([str(torchrun), "--nproc_per_node", "2", "--master_port", "29531", str(script)], env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0 and proc.stdout.count("OK") == 2, proc.stderr[-3000:]
+    run_two_ranks(script, 29531)

@@ -1,9 +1,8 @@
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from ..helpers import run_two_ranks
 
 
 @pytest.mark.slow
@@ -34,8 +33,4 @@ local_only = prompt_logps_from_ids(t.model, rows, 0)
 assert not torch.allclose(w, (local_only.mean() / local_only).repeat_interleave(4), atol=1e-4)
 print("OK", rank)
 """)
-    env = dict(os.environ, ACCELERATE_USE_CPU="1", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
-    torchrun = Path(sys.executable).parent / "torchrun"
-    proc = subprocess.run([str(torchrun), "--nproc_per_node", "2", "--master_port", "29537", str(script)], env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0 and proc.stdout.count("OK") == 2, proc.stderr[-3000:]
+    run_two_ranks(script, 29537)

@@ -3,19 +3,22 @@ import math
 import pytest
 import torch
 from safetensors.torch import load_file
-from trl import GRPOConfig, GRPOTrainer
+from trl import GRPOConfig
 
 from trl_variants import ERPOConfig, ERPOTrainer, accuracy_reward
 from trl_variants.presample import prompt_logps_from_ids
 
-from ..helpers import DEFAULT_MODEL_PATH, assert_same_grads, fixed_batch, loss_and_grads, small_config, train_dataset
+from ..helpers import (
+    DEFAULT_MODEL_PATH,
+    assert_exactly_grpo,
+    fixed_batch,
+    grpo_trainer,
+    loss_and_grads,
+    small_config,
+    train_dataset,
+)
 
 PPO_FAMILY = ["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo"]
-
-
-def _grpo(tmp_path, **kw):
-    return GRPOTrainer(model=DEFAULT_MODEL_PATH, reward_funcs=accuracy_reward,
-                       args=small_config(GRPOConfig, tmp_path / "grpo", **kw), train_dataset=train_dataset())
 
 
 def _erpo(tmp_path, dataset=None, **kw):
@@ -31,21 +34,18 @@ def _plain_prompt_logps(trainer, inputs):
 
 
 @pytest.mark.parametrize("loss_type", PPO_FAMILY)
-def test_both_parts_off_is_exactly_grpo(tmp_path, loss_type):
-    grpo = _grpo(tmp_path, loss_type=loss_type)
+def test_both_parts_off_is_exactlygrpo_trainer(tmp_path, loss_type):
+    grpo = grpo_trainer(tmp_path, loss_type=loss_type)
     erpo = _erpo(tmp_path, loss_type=loss_type, use_query_weights=False, query_kl_coef=0.0)
     assert erpo.ref_model is None and "ref_prompt_logp" not in erpo.train_dataset.column_names
     inputs, _ = fixed_batch(grpo)
-    loss_g, grads_g = loss_and_grads(grpo, inputs)
-    loss_e, grads_e = loss_and_grads(erpo, inputs)
-    assert torch.equal(loss_g, loss_e)
-    assert_same_grads(grads_g, grads_e, atol=0.0)
+    assert_exactly_grpo(grpo, erpo, inputs)
 
 
 @pytest.mark.parametrize("loss_type", PPO_FAMILY)
 def test_query_kl_adds_alpha_times_k3_and_its_gradient(tmp_path, loss_type):
     alpha = 0.5
-    grpo = _grpo(tmp_path, loss_type=loss_type)
+    grpo = grpo_trainer(tmp_path, loss_type=loss_type)
     erpo = _erpo(tmp_path, loss_type=loss_type, use_query_weights=False, query_kl_coef=alpha)
     inputs, _ = fixed_batch(grpo)
     l_theta = _plain_prompt_logps(erpo, inputs)  # independent plain forward (no fused head)
@@ -91,8 +91,8 @@ def test_policy_query_weights_match_hand_computed(tmp_path):
     inputs, _ = fixed_batch(erpo, n_prompts=3, group=4)
     erpo.model.train()
     w = erpo._query_weights(None, inputs)
-    l = _plain_prompt_logps(erpo, inputs)[::4]
-    expected = (l.mean() / l).repeat_interleave(4)
+    logp = _plain_prompt_logps(erpo, inputs)[::4]
+    expected = (logp.mean() / logp).repeat_interleave(4)
     torch.testing.assert_close(w, expected, atol=1e-5, rtol=1e-5)
     assert not w.requires_grad
 

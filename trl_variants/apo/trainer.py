@@ -20,6 +20,7 @@ from trl import GRPOTrainer
 
 from .. import losses
 from .._citations import APO, paper
+from .._common import resolve_config
 from .._reference import frozen_copy_of_policy
 from ..presample import PresampleConfig, check_presample_options, presample
 from .config import APOConfig
@@ -34,11 +35,7 @@ class APOTrainer(GRPOTrainer):
 
     def __init__(self, model, reward_funcs=None, args: APOConfig | None = None, train_dataset=None,
                  eval_dataset=None, peft_config=None, **kwargs):
-        if args is None:
-            name = model if isinstance(model, str) else model.config._name_or_path
-            args = APOConfig(f"{str(name).rstrip('/').split('/')[-1]}-APO")
-        elif not isinstance(args, APOConfig):
-            raise TypeError(f"args must be an APOConfig, got {type(args).__name__}: build one with APOConfig(...)")
+        args = resolve_config(model, args, APOConfig, "APO")
         if train_dataset is None:
             raise ValueError("APOTrainer needs a train_dataset (prompts, or the output of trl-variants presample)")
         # GRPOTrainer reloads its reference from the model's name; for an in-memory model that is not the policy we

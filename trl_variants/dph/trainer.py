@@ -21,6 +21,7 @@ from trl import GRPOTrainer
 from .. import losses
 from .._checkpoint import CheckpointStateMixin
 from .._citations import DPH, paper
+from .._common import resolve_config
 from .._reference import frozen_copy_of_policy
 from ..presample import PresampleConfig, check_presample_options, dph_split, presample
 from .config import DPHConfig
@@ -38,11 +39,7 @@ class DPHTrainer(CheckpointStateMixin, GRPOTrainer):
 
     def __init__(self, model, reward_funcs=None, args: DPHConfig | None = None, train_dataset=None,
                  eval_dataset=None, **kwargs):
-        if args is None:
-            name = model if isinstance(model, str) else model.config._name_or_path
-            args = DPHConfig(f"{str(name).rstrip('/').split('/')[-1]}-DPH")
-        elif not isinstance(args, DPHConfig):
-            raise TypeError(f"args must be a DPHConfig, got {type(args).__name__}: build one with DPHConfig(...)")
+        args = resolve_config(model, args, DPHConfig, "DPH")
         if train_dataset is None:
             raise ValueError("DPHTrainer needs a train_dataset (prompts, or the output of trl-variants presample)")
         definition = args.divergence_form == "definition"

@@ -24,6 +24,7 @@ from trl import GRPOTrainer
 from .. import losses
 from .._checkpoint import CheckpointStateMixin
 from .._citations import EEPO, paper
+from .._common import resolve_config
 from .config import EEPOConfig
 
 
@@ -36,11 +37,7 @@ class EEPOTrainer(CheckpointStateMixin, GRPOTrainer):
 
     def __init__(self, model, reward_funcs=None, args: EEPOConfig | None = None, train_dataset=None,
                  eval_dataset=None, **kwargs):
-        if args is None:
-            name = model if isinstance(model, str) else model.config._name_or_path
-            args = EEPOConfig(f"{str(name).rstrip('/').split('/')[-1]}-EEPO")
-        elif not isinstance(args, EEPOConfig):
-            raise TypeError(f"args must be an EEPOConfig, got {type(args).__name__}: build one with EEPOConfig(...)")
+        args = resolve_config(model, args, EEPOConfig, "EEPO")
         for unsupported in ("tools", "environment_factory", "rollout_func"):
             if kwargs.get(unsupported) is not None:
                 raise ValueError(f"EEPOTrainer does not support {unsupported}= (two-stage rollouts are single-turn)")

@@ -16,6 +16,7 @@ from trl import GRPOTrainer
 
 from .. import losses
 from .._citations import ERPO, paper
+from .._common import resolve_config
 from ..presample import add_reference_prompt_logps, check_presample_options
 from .config import ERPOConfig
 
@@ -31,11 +32,7 @@ class ERPOTrainer(GRPOTrainer):
 
     def __init__(self, model, reward_funcs=None, args: ERPOConfig | None = None, train_dataset=None,
                  eval_dataset=None, **kwargs):
-        if args is None:
-            name = model if isinstance(model, str) else model.config._name_or_path
-            args = ERPOConfig(f"{str(name).rstrip('/').split('/')[-1]}-ERPO")
-        elif not isinstance(args, ERPOConfig):
-            raise TypeError(f"args must be an ERPOConfig, got {type(args).__name__}: build one with ERPOConfig(...)")
+        args = resolve_config(model, args, ERPOConfig, "ERPO")
         super().__init__(model, reward_funcs, args=args, train_dataset=train_dataset, eval_dataset=eval_dataset,
                          **kwargs)
         self._want_prompt_logps = False  # set around the loss forward when Query-KL needs l_theta(s)
