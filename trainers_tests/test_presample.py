@@ -135,8 +135,6 @@ from accelerate import PartialState
 from trl_variants.default import DEFAULT_MODEL_PATH, load_default_dataset
 from trl_variants.presample import PresampleConfig, presample
 from trl_variants.rewards import accuracy_reward
-
-from .helpers import run_two_ranks
 state = PartialState(cpu=True)
 assert state.num_processes == 2, state
 ds = load_default_dataset(n_train=10, n_test=1, seed=3)["train"]
