@@ -207,3 +207,5 @@ def test_cli_writes_dataset(tmp_path):
     ds = load_from_disk(str(out))
     assert len(ds) == 6 and len(ds[0]["ref_rewards"]) == 2 and "ref_value" in ds.column_names
     assert json.loads(ds.info.description)["trl_variants_presample"]["options"]["num_samples"] == 2
+    card = (out / "README.md").read_text()  # the dataset card that --push_to_hub uploads too
+    assert "| `num_samples` | `2` |" in card and "2505.20686" in card and "`ref_value`" in card

@@ -57,10 +57,20 @@ def presample_main(argv: list[str]) -> None:
                        get_reward_funcs(script_args.reward_funcs) if config.num_samples else [], config,
                        accelerator=state if state.num_processes > 1 else None)
     if state.is_main_process:
+        from pathlib import Path
+
+        from .presample import dataset_card
+
+        model_id = script_args.model_name_or_path or "trl_variants tiny default"
         result.save_to_disk(script_args.output_dir)
+        card = dataset_card(result, model_id, script_args.hub_dataset_id)
+        (Path(script_args.output_dir) / "README.md").write_text(card)
         print(f"presampled dataset saved to {script_args.output_dir} ({len(result)} rows)")
         if script_args.push_to_hub:
+            from huggingface_hub import DatasetCard
+
             result.push_to_hub(script_args.hub_dataset_id, private=script_args.hub_private)
+            DatasetCard(card).push_to_hub(script_args.hub_dataset_id)
             print(f"pushed to https://huggingface.co/datasets/{script_args.hub_dataset_id}")
 
 
