@@ -115,8 +115,10 @@ def build_trainer(variant: str, model_path: str, out_dir: str, args):
     raise ValueError(f"unknown variant {variant!r}; choose from {sorted(VARIANTS)}")
 
 
-def medium_model(path: Path) -> str:
-    """A random 25M-parameter Llama with the embedded tokenizer, saved once."""
+def medium_model(path: Path, big_vocab: bool = False) -> str:
+    """A random 25M-parameter Llama with the embedded tokenizer, saved once. ``big_vocab``: a smaller body
+    (hidden 256, 4 layers) with the tokenizer padded to a Qwen-like 32k vocabulary by added dummy tokens, where
+    full-vocabulary logits (as TRL's A2POTrainer materialises them) cost real memory."""
     if (path / "config.json").exists():
         return str(path)
     import torch
@@ -125,9 +127,14 @@ def medium_model(path: Path) -> str:
     from trl_variants.default import build_tokenizer
 
     tok = build_tokenizer()
+    if big_vocab:
+        tok.add_tokens([f"<x{i}>" for i in range(32768 - len(tok))])
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=512, intermediate_size=1536, num_hidden_layers=8,
-                      num_attention_heads=8, num_key_value_heads=8, max_position_embeddings=512,
+    size = dict(hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=4,
+                num_key_value_heads=4) if big_vocab else dict(hidden_size=512, intermediate_size=1536,
+                                                              num_hidden_layers=8, num_attention_heads=8,
+                                                              num_key_value_heads=8)
+    cfg = LlamaConfig(vocab_size=len(tok), **size, max_position_embeddings=512,
                       tie_word_embeddings=True, bos_token_id=None, eos_token_id=tok.eos_token_id,
                       pad_token_id=tok.pad_token_id)
     model = LlamaForCausalLM(cfg)
@@ -194,7 +201,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=32, help="rows per step (prompts x G)")
     ap.add_argument("--G", type=int, default=8)
     ap.add_argument("--max_completion_length", type=int, default=56)
-    ap.add_argument("--model", choices=["tiny", "medium"], default="tiny")
+    ap.add_argument("--model", choices=["tiny", "medium", "bigvocab"], default="tiny")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--reward", default="format_reward", choices=["format_reward", "accuracy_reward"],
                     help="format_reward (default) costs the same on every text, so reward parsing cannot make one "
@@ -209,7 +216,9 @@ def main() -> None:
 
     from trl_variants.default import DEFAULT_MODEL_PATH
 
-    model_path = DEFAULT_MODEL_PATH if args.model == "tiny" else medium_model(ROOT / "outputs" / "bench-medium")
+    model_path = {"tiny": lambda: DEFAULT_MODEL_PATH,
+                  "medium": lambda: medium_model(ROOT / "outputs" / "bench-medium"),
+                  "bigvocab": lambda: medium_model(ROOT / "outputs" / "bench-bigvocab", big_vocab=True)}[args.model]()
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HUB_DISABLE_TELEMETRY="1", PYTHONWARNINGS="ignore")
     runs: dict[str, list[dict]] = {v: [] for v in args.variants}
     for rep in range(args.reps):

@@ -123,19 +123,20 @@ class APOTrainer(GRPOTrainer):
         ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
         attn = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
         mask = inputs["completion_mask"]
+        bonus = bool(self.args.entropy_coef)  # entropies cost a full-vocabulary pass: only when they are used
         logps, entropies, _ = self._get_per_token_logps_and_entropies(
-            model, ids, attn, inputs["completion_ids"].size(1), compute_entropy=True)
+            model, ids, attn, inputs["completion_ids"].size(1), compute_entropy=bonus)
         seq_log_ratio = ((logps - inputs["ref_per_token_logps"]) * mask).sum(-1)
         loss = losses.apo_loss(seq_log_ratio, inputs["apo_rewards"], inputs["apo_values"], self.beta)
         mode = "train" if self.model.training else "eval"
-        entropy = (entropies * mask).sum() / mask.sum().clamp(min=1.0)
-        if self.args.entropy_coef:
-            loss = loss - self.args.entropy_coef * entropy
         metrics, gather = self._metrics[mode], self.accelerator.gather
         metrics["apo/regression_loss"].append(gather(loss.detach()).mean().item())
+        if bonus:
+            entropy = (entropies * mask).sum() / mask.sum().clamp(min=1.0)
+            loss = loss - self.args.entropy_coef * entropy
+            metrics["entropy"].append(gather(entropy.detach()).mean().item())
         metrics["apo/value_mean"].append(gather(inputs["apo_values"]).mean().item())
         metrics["apo/advantage_mean"].append(gather(inputs["advantages"]).mean().item())
         metrics["apo/seq_log_ratio_mean"].append(gather(seq_log_ratio.detach()).mean().item())
         metrics["kl"].append(gather(seq_log_ratio.detach()).mean().item())  # MC estimate of KL(pi || pi_ref)
-        metrics["entropy"].append(gather(entropy.detach()).mean().item())
         return loss / (self.current_gradient_accumulation_steps if mode == "train" else 1.0)
