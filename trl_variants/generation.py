@@ -33,6 +33,19 @@ def tokenize_prompts(tokenizer, prompts: Sequence, max_prompt_length: int | None
     return ids
 
 
+def pack_prompt_completion(prompts, completions, pad_token_id: int):
+    """``(input_ids, attention_mask, prompt_width)`` for rows laid out as GRPOTrainer lays them out: the prompt
+    left-padded to ``prompt_width``, the completion right-padded after it (width at least 1)."""
+    P, C = max(map(len, prompts)), max(1, max(map(len, completions)))
+    ids = torch.full((len(prompts), P + C), pad_token_id, dtype=torch.long)
+    attn = torch.zeros_like(ids)
+    for i, (p, c) in enumerate(zip(prompts, completions, strict=True)):
+        ids[i, P - len(p) : P], attn[i, P - len(p) : P] = torch.tensor(list(p), dtype=torch.long), 1
+        if len(c):
+            ids[i, P : P + len(c)], attn[i, P : P + len(c)] = torch.tensor(list(c), dtype=torch.long), 1
+    return ids, attn, P
+
+
 def eos_token_ids(tokenizer, model=None) -> list[int]:
     ids = {tokenizer.eos_token_id}
     gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)

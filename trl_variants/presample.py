@@ -366,7 +366,8 @@ def _generate_vllm(llm, prompt_ids, config: PresampleConfig, shard_seed: int, eo
 
     from .generation import truncate_after_eos
 
-    params = SamplingParams(n=config.num_samples, temperature=config.temperature, top_p=config.top_p,
+    temperature = 0.0 if config.greedy else config.temperature  # vLLM decodes greedily at temperature 0
+    params = SamplingParams(n=config.num_samples, temperature=temperature, top_p=config.top_p,
                             top_k=config.top_k if config.top_k > 0 else -1, max_tokens=config.max_completion_length,
                             seed=shard_seed)
     outs = llm.generate([{"prompt_token_ids": list(p)} for p in prompt_ids], params, use_tqdm=False)
@@ -390,7 +391,7 @@ def _resolve_backend(config: PresampleConfig) -> str:
     return "vllm" if have_vllm and is_torch_cuda_available() else "hf"
 
 
-def _process_shard(rows, shard_index, model, tokenizer, config, reward_funcs, reward_weights, vllm_llm, eos_ids,
+def _process_shard(rows, shard_index, model, tokenizer, config, reward_funcs, reward_weights, vllm_llm,
                    token_logps_fn=None):
     """Compute the new columns for one shard of dataset rows (a list of dicts)."""
     from .generation import eos_token_ids
@@ -408,7 +409,7 @@ def _process_shard(rows, shard_index, model, tokenizer, config, reward_funcs, re
         return out
     seed = config.seed * 1_000_003 + shard_index
     if vllm_llm is not None:
-        samples = _generate_vllm(vllm_llm, prompt_ids, config, seed, eos_ids)
+        samples = _generate_vllm(vllm_llm, prompt_ids, config, seed, eos_token_ids(tokenizer, model))
     else:
         torch.manual_seed(seed)
         samples = generate_completions(
@@ -416,7 +417,6 @@ def _process_shard(rows, shard_index, model, tokenizer, config, reward_funcs, re
             temperature=config.temperature, top_p=config.top_p, top_k=config.top_k,
             batch_size=config.generation_batch_size, do_sample=not config.greedy,
         )
-    eos_ids = eos_ids or eos_token_ids(tokenizer, model)
     conversational = isinstance(prompts[0], list)
     columns = {k: [r[k] for r in rows for _ in range(config.num_samples)] for k in rows[0] if k != "prompt"}
     flat_ids = [c for per_prompt in samples for c in per_prompt]
@@ -533,7 +533,7 @@ def presample(
         rows = dataset.select(range(s * config.shard_size, min(len(dataset), (s + 1) * config.shard_size)))
         with torch.no_grad():
             out = _process_shard(list(rows), s, model, tokenizer, config, reward_funcs, reward_weights, vllm_llm,
-                                 None, token_logps_fn)
+                                 token_logps_fn)
         if config.use_cache:
             _atomic_write_json(run_dir / f"shard-{s:06d}.json", {"shard": s, "rows": out})
         results.append((s, out))

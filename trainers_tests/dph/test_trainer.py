@@ -14,6 +14,7 @@ from ..helpers import (
     fixed_batch,
     grpo_trainer,
     loss_and_grads,
+    run_two_ranks,
     small_config,
     train_dataset,
 )
@@ -159,3 +160,29 @@ def test_definition_form_trains(tmp_path):
     dph.train()
     logged = {k for h in dph.state.log_history for k in h}
     assert {"dph/js_exp_term", "dph/loss_pef"} <= logged
+
+
+@pytest.mark.slow
+def test_two_process_ddp_keeps_ranks_in_sync(tmp_path):
+    """Two forwards (rollouts, D_pef batch), one backward per micro-step under DDP: ranks stay identical."""
+    script = tmp_path / "ddp.py"
+    script.write_text(f"""
+import torch
+torch.set_num_threads(1)
+from accelerate.utils import gather_object
+from trl_variants import DPHConfig, DPHTrainer, accuracy_reward, load_default_dataset
+from trl_variants.default import DEFAULT_MODEL_PATH
+args = DPHConfig(output_dir={str(tmp_path / 'out')!r}, use_cpu=True, bf16=False, activation_checkpointing=False,
+                 report_to="none", save_strategy="no", per_device_train_batch_size=8, num_generations=4,
+                 max_completion_length=32, max_steps=2, num_presamples=4, pef_threshold=4, pef_batch_size=2,
+                 learning_rate=1e-3, presample_cache_dir={str(tmp_path / 'cache')!r}, disable_tqdm=True)
+t = DPHTrainer(model=DEFAULT_MODEL_PATH, reward_funcs=accuracy_reward, args=args,
+               train_dataset=load_default_dataset(48, 4)["train"])
+assert t.accelerator.num_processes == 2 and len(t.pef_dataset) > 0
+t.train()
+digests = gather_object([float(sum(p.double().sum() for p in t.model.parameters()))])
+assert digests[0] == digests[1], digests
+assert any("dph/loss_pef" in h for h in t.state.log_history)
+print("OK", digests)
+""")
+    run_two_ranks(script, 29553)

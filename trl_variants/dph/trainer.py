@@ -23,6 +23,7 @@ from .._checkpoint import CheckpointStateMixin
 from .._citations import DPH, paper
 from .._common import resolve_config
 from .._reference import frozen_copy_of_policy
+from ..generation import pack_prompt_completion
 from ..presample import PresampleConfig, check_presample_options, dph_split, presample
 from .config import DPHConfig
 
@@ -33,6 +34,7 @@ class DPHTrainer(CheckpointStateMixin, GRPOTrainer):
     """Diversity-Preserving Hybrid RL. Takes GRPOTrainer's arguments; see [`DPHConfig`]."""
 
     _tag_names = ["trl", "grpo", "dph-rl"]
+    _capture_policy_logps = False  # set around GRPO's loss forward in the definition form
     _name = "DPH-RL"
     _paper = paper("The Choice of Divergence: A Neglected Key to Mitigating Diversity Collapse in Reinforcement "
                    "Learning with Verifiable Reward", "2509.07430", DPH)
@@ -139,16 +141,11 @@ class DPHTrainer(CheckpointStateMixin, GRPOTrainer):
 
     def _pef_tensors(self, batch):
         device = self.accelerator.device
-        pad = self.processing_class.pad_token_id
-        prompts, comps, ref = batch["prompt_ids"], batch["completion_ids"], batch["completion_logps"]
-        P, C = max(map(len, prompts)), max(map(len, comps))
-        n = len(prompts)
-        ids = torch.full((n, P + C), pad, dtype=torch.long)
-        attn = torch.zeros_like(ids)
-        ref_logps = torch.zeros((n, C))
-        for i, (p, c, r) in enumerate(zip(prompts, comps, ref, strict=True)):
-            ids[i, P - len(p) : P], attn[i, P - len(p) : P] = torch.tensor(p), 1
-            ids[i, P : P + len(c)], attn[i, P : P + len(c)] = torch.tensor(c), 1
+        ids, attn, P = pack_prompt_completion(batch["prompt_ids"], batch["completion_ids"],
+                                              self.processing_class.pad_token_id)
+        C = ids.size(1) - P
+        ref_logps = torch.zeros((ids.size(0), C))
+        for i, r in enumerate(batch["completion_logps"]):
             ref_logps[i, : len(r)] = torch.tensor(r)
         return ids.to(device), attn.to(device), ref_logps.to(device), attn[:, P:].to(device), C
 
@@ -158,8 +155,6 @@ class DPHTrainer(CheckpointStateMixin, GRPOTrainer):
         if self._capture_policy_logps:
             self._policy_logps = out[0]
         return out
-
-    _capture_policy_logps = False
 
     def _grpo_loss(self, model, inputs):
         """GRPO on D_exp rollouts with no KL term (eq. 5); in the definition form, plus beta1 * KL(pi || M)."""

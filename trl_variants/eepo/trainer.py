@@ -25,6 +25,7 @@ from .. import losses
 from .._checkpoint import CheckpointStateMixin
 from .._citations import EEPO, paper
 from .._common import resolve_config
+from ..generation import pack_prompt_completion
 from .config import EEPOConfig
 
 
@@ -145,16 +146,9 @@ class EEPOTrainer(CheckpointStateMixin, GRPOTrainer):
     def _score(self, model, prompts, completions, entropy=False):
         """Per-token log-probs (and entropies) of ``completions`` given ``prompts`` under ``model``."""
         device = self.accelerator.device
-        pad = self.processing_class.pad_token_id if hasattr(self.processing_class, "pad_token_id") else 0
-        P, C = max(map(len, prompts)), max(1, max(map(len, completions)))
-        ids = torch.full((len(prompts), P + C), pad, dtype=torch.long)
-        attn = torch.zeros_like(ids)
-        for i, (p, c) in enumerate(zip(prompts, completions, strict=True)):
-            ids[i, P - len(p) : P], attn[i, P - len(p) : P] = torch.tensor(p), 1
-            if c:
-                ids[i, P : P + len(c)], attn[i, P : P + len(c)] = torch.tensor(c), 1
+        ids, attn, P = pack_prompt_completion(prompts, completions, self.processing_class.pad_token_id)
         logps, ent, _ = self._get_per_token_logps_and_entropies(
-            model, ids.to(device), attn.to(device), C, batch_size=self.args.per_device_train_batch_size,
+            model, ids.to(device), attn.to(device), ids.size(1) - P, batch_size=self.args.per_device_train_batch_size,
             compute_entropy=entropy)
         return logps, ent, attn[:, P:].to(device)
 
