@@ -94,12 +94,27 @@ def assert_exactly_grpo(grpo, other, inputs):
     assert_same_grads(grads_g, grads_o, atol=0.0)
 
 
+DESTROY_PROCESS_GROUP = """
+import torch.distributed
+if torch.distributed.is_initialized():
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
+"""
+
+
 def run_two_ranks(script, port: int, timeout: int = 300):
-    """Run ``script`` on two gloo ranks (``torchrun``, CPU); each rank must print OK."""
+    """Run ``script`` on two gloo ranks (``torchrun``, CPU); each rank must print OK.
+
+    The script gets an epilogue that destroys the process group: without it Gloo's worker threads can outlive the
+    interpreter and abort the process at exit (SIGABRT, "terminate called without an active exception").
+    """
     import os
     import subprocess
     import sys
     from pathlib import Path
+
+    script = Path(script)
+    script.write_text(script.read_text() + DESTROY_PROCESS_GROUP)
 
     env = dict(os.environ, ACCELERATE_USE_CPU="1", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
     torchrun = Path(sys.executable).parent / "torchrun"

@@ -185,3 +185,5 @@ def train_and_save(trainer, training_args, script_args):
         trainer.push_to_hub(dataset_name=dataset_name, model_name=model_name)
     trainer.accelerator.print(f"model saved to {training_args.output_dir} "
                               f"(trained on {trainer.accelerator.num_processes} process(es))")
+    trainer.accelerator.wait_for_everyone()
+    trainer.accelerator.end_training()  # finishes trackers and destroys the process group (Gloo aborts at exit otherwise)
