@@ -103,6 +103,27 @@ def test_rollout_restores_weights_and_stage2_old_logps_come_from_unlearned_weigh
     assert eepo._metrics["train"]["eepo/stage1_logp_change"][-1] < 0
 
 
+def test_stage1_rescoring_only_on_logged_rollouts(tmp_path):
+    """Stage 2 is scored under the unlearned weights on every rollout; stage 1 is re-scored (for the
+    stage1_logp_change metric) only on rollouts whose optimizer step is logged."""
+    eepo = _eepo(tmp_path, max_steps=4, logging_steps=2, unlearning_lr=0.5)  # a step large enough to show
+    scored_rows = []
+    score = eepo._score
+
+    def counting_score(model, prompts, completions, entropy=False):
+        if not torch.is_grad_enabled():  # the no-grad forward under the unlearned weights
+            scored_rows.append(len(prompts))
+        return score(model, prompts, completions, entropy)
+
+    eepo._score = counting_score
+    eepo.train()
+    half_rows = eepo.args.per_device_train_batch_size // 2
+    assert scored_rows == [half_rows, 2 * half_rows] * 2  # steps 1 and 3: stage 2 only; steps 2 and 4: both
+    logs = [h for h in eepo.state.log_history if "eepo/gate" in h]
+    assert [h["step"] for h in logs] == [2, 4]
+    assert all(h["eepo/stage1_logp_change"] < 0 for h in logs)
+
+
 def test_optimizer_state_and_accumulated_grads_untouched(tmp_path):
     eepo = _eepo(tmp_path, max_steps=1)
     eepo.train()  # one real step: the optimizer now has state

@@ -6,7 +6,8 @@ For each group of G completions, inside GRPO's generation step (``_generate_sing
 2. measure their mean token entropy H_t; H_bar = mean of the last m values (eq. 4-5);
 3. if H_bar < alpha: ONE plain gradient step (lr eta, no momentum) on the rollout weights that lowers the probability
    of the stage-1 tokens, minimising ``mean_seq mean_tok -log(1 - clip(p, eps_L, 1 - eps_R))`` (eq. 7-11);
-4. sample the other G/2 completions from the updated rollout model, and score them under it (their old log-probs);
+4. sample the other G/2 completions from the updated rollout model, and score them under it (their old log-probs;
+   on rollouts that will be logged, stage 1 is re-scored in the same forward to report how much the step lowered it);
 5. restore the weights bit for bit; then GRPO's update on all G completions as usual.
 
 The temporary gradient is taken with ``torch.autograd.grad`` on the unwrapped module: nothing is accumulated into
@@ -103,24 +104,27 @@ class EEPOTrainer(CheckpointStateMixin, GRPOTrainer):
                         p.sub_(self.args.unlearning_lr * g)
             del grads
             self._sync_vllm()
-            # 4. stage 2 from the unlearned rollout model; one forward under it scores both stages: stage 2 (its
-            #    old log-probs and entropy) and stage 1 (how much the step lowered it)
+            # 4. stage 2 from the unlearned rollout model, scored under it (its old log-probs and entropy); on
+            #    rollouts that will be logged the same forward also re-scores stage 1 (how much the step lowered it)
             c2, lp2 = super()._generate_single_turn(p2, None, {}, half)
+            measure_drop = self._rollout_is_logged()
+            rescored_p, rescored_c = (p2 + p1, c2 + c1) if measure_drop else (p2, c2)
             with torch.no_grad():
-                after, ent, mask = self._score(model, p1 + p2, c1 + c2, entropy=True)
+                after, ent, mask = self._score(model, rescored_p, rescored_c, entropy=True)
         finally:
             # 5. restore, bit for bit
             with torch.no_grad():
                 for p, saved in zip(params, snapshot, strict=True):
                     p.copy_(saved)
             self._sync_vllm()
-        n1, c1_width = len(p1), mask1.size(1)
-        after1, old2 = after[:n1, :c1_width], after[n1:]
-        mask2, ent2 = mask[n1:], ent[n1:]
+        n2, c2_width = len(p2), max(1, max(map(len, c2)))
+        old2, mask2, ent2 = after[:n2, :c2_width], mask[:n2, :c2_width], ent[:n2, :c2_width]
         metrics["eepo/unlearning_loss"].append(self.accelerator.gather(u.detach()).mean().item())
         metrics["eepo/entropy_stage2"].append(self._global_mean(ent2, mask2))
-        drop = ((after1 - before1) * mask1).sum(-1)
-        metrics["eepo/stage1_logp_change"].append(self.accelerator.gather(drop).mean().item())
+        if measure_drop:
+            after1 = after[n2:, : mask1.size(1)]
+            drop = ((after1 - before1) * mask1).sum(-1)
+            metrics["eepo/stage1_logp_change"].append(self.accelerator.gather(drop).mean().item())
         # old log-probs: stage 1 under the policy (= the pre-step weights), stage 2 under the unlearned weights
         rows1 = [lp[m.bool()].tolist() for lp, m in zip(before1, mask1, strict=True)]
         rows2 = [lp[m.bool()].tolist() for lp, m in zip(old2, mask2, strict=True)]
@@ -151,6 +155,17 @@ class EEPOTrainer(CheckpointStateMixin, GRPOTrainer):
             model, ids.to(device), attn.to(device), ids.size(1) - P, batch_size=self.args.per_device_train_batch_size,
             compute_entropy=entropy)
         return logps, ent, attn[:, P:].to(device)
+
+    def _rollout_is_logged(self) -> bool:
+        """Whether a log falls within the optimizer steps this rollout feeds. Re-scoring stage 1 under the unlearned
+        weights only feeds a metric, so it is done on those rollouts only (the same decision on every process)."""
+        args = self.args
+        if args.logging_strategy != "steps":
+            return True
+        every = int(args.logging_steps if args.logging_steps >= 1 else self.state.logging_steps)
+        step = self.state.global_step
+        fed = max(1, args.steps_per_generation * args.num_iterations // args.gradient_accumulation_steps)
+        return (args.logging_first_step and step == 0) or any((step + k) % every == 0 for k in range(1, fed + 1))
 
     def _global_mean(self, values, mask) -> float:
         totals = self.accelerator.reduce(torch.stack([(values * mask).sum(), mask.sum().to(values.dtype)]), "sum")
