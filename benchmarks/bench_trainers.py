@@ -37,6 +37,7 @@ VARIANTS = {
     "eepo": ("grpo_beta0", "step time <= 1.25x GRPO(beta=0) (gate forced on)"),
     "dph": ("grpo_beta0", "step time <= 1.15x GRPO(beta=0); peak memory < GRPO(beta>0)"),
     "grpo_g2": (None, "(A*-PO's baseline: 2 completions per prompt)"),
+    "grpo_g2_paper": (None, "(the A*-PO paper's GRPO: 2 completions per prompt, KL beta = 1e-3, App. A.5)"),
     "a2po": (None, "(TRL experimental A2POTrainer, stage 2)"),
     "apo": ("grpo_g2", "time per prompt <= 0.6x GRPO(G=2); faster and lighter than A2POTrainer"),
 }
@@ -62,7 +63,7 @@ def build_trainer(variant: str, model_path: str, out_dir: str, args):
 
     common = dict(
         output_dir=out_dir, use_cpu=not args.gpu, bf16=args.gpu, activation_checkpointing=False, report_to="none",
-        save_strategy="no", logging_steps=1, disable_tqdm=True, per_device_train_batch_size=args.batch,
+        save_strategy="no", logging_steps=10, disable_tqdm=True, per_device_train_batch_size=args.batch,
         num_generations=args.G, max_completion_length=args.max_completion_length, learning_rate=1e-5,
         max_steps=args.warmup + args.steps, seed=0, temperature=1.0,
         # every completion runs to max_completion_length: all variants do exactly the same amount of work
@@ -87,10 +88,11 @@ def build_trainer(variant: str, model_path: str, out_dir: str, args):
     # A*-PO and its baselines see the same prompts per step (batch // G prompts): one completion each for A*-PO
     prompts = args.batch // args.G
     single = {**common, "per_device_train_batch_size": prompts}
-    if variant == "grpo_g2":
+    if variant in ("grpo_g2", "grpo_g2_paper"):
         return GRPOTrainer(model=model_path, reward_funcs=accuracy_reward,
                            args=GRPOConfig(**{**common, "per_device_train_batch_size": 2 * prompts,
-                                              "num_generations": 2}), train_dataset=dataset)
+                                              "num_generations": 2}, beta=1e-3 if variant == "grpo_g2_paper" else 0.0),
+                           train_dataset=dataset)
     if variant == "apo":
         return APOTrainer(model=model_path, reward_funcs=accuracy_reward,
                           args=APOConfig(**{**single, "num_generations": 1}, num_value_samples=4,
@@ -144,24 +146,57 @@ def medium_model(path: Path, big_vocab: bool = False) -> str:
     return str(path)
 
 
+def interleaved_runs(script: str, names, model_path: str, args, passed: tuple[str, ...]) -> dict[str, list[dict]]:
+    """Run ``script --child NAME`` for every name, ``args.reps`` times in alternating order, each in a fresh process
+    (options ``passed`` forwarded); collect the JSON each child prints after ``RESULT``."""
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HUB_DISABLE_TELEMETRY="1", PYTHONWARNINGS="ignore")
+    runs: dict[str, list[dict]] = {n: [] for n in names}
+    for rep in range(args.reps):
+        for name in names if rep % 2 == 0 else list(reversed(names)):
+            cmd = [sys.executable, script, "--child", name, "--model_path", model_path]
+            for k in passed:
+                cmd += [f"--{k}", str(getattr(args, k))]
+            cmd += ["--gpu"] if args.gpu else []
+            proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+            line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
+            if proc.returncode or not line:
+                sys.exit(f"{name} failed:\n{proc.stderr[-3000:]}")
+            runs[name].append(json.loads(line[0][7:]))
+            print(f"rep {rep} {name}: {runs[name][-1]}", flush=True)
+    return runs
+
+
 def child(args) -> None:
     """Run one variant and print one JSON line."""
     import resource
     import tempfile
 
     import torch
-    from transformers import TrainerCallback
+    from transformers import GenerationMixin, TrainerCallback
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     times: list[float] = []
+    gen_times: list[float] = []
+    in_generate = [0.0]  # seconds spent in `generate` so far (every trainer here generates with it on CPU)
+    generate = GenerationMixin.generate
+
+    def timed_generate(*a, **k):
+        t0 = time.perf_counter()
+        try:
+            return generate(*a, **k)
+        finally:
+            in_generate[0] += time.perf_counter() - t0
+
+    GenerationMixin.generate = timed_generate
 
     class Timer(TrainerCallback):
         def on_step_begin(self, a, state, control, **kw):
-            self.t = time.perf_counter()
+            self.t, self.g = time.perf_counter(), in_generate[0]
 
         def on_step_end(self, a, state, control, **kw):
             times.append(time.perf_counter() - self.t)
+            gen_times.append(in_generate[0] - self.g)
 
     with tempfile.TemporaryDirectory() as out:
         if args.gpu:
@@ -184,6 +219,7 @@ def child(args) -> None:
         "variant": args.child,
         "step_time_s": statistics.median(steps),
         "training_step_s": statistics.median(step_times[args.warmup:]),
+        "generate_s": statistics.median(gen_times[args.warmup:]),  # part of the step spent in `generate`
         "prompts_per_step": args.batch // args.G,
         "peak_mem_mb": (torch.cuda.max_memory_allocated() / 2**20 if args.gpu
                         else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
@@ -219,27 +255,15 @@ def main() -> None:
     model_path = {"tiny": lambda: DEFAULT_MODEL_PATH,
                   "medium": lambda: medium_model(ROOT / "outputs" / "bench-medium"),
                   "bigvocab": lambda: medium_model(ROOT / "outputs" / "bench-bigvocab", big_vocab=True)}[args.model]()
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HUB_DISABLE_TELEMETRY="1", PYTHONWARNINGS="ignore")
-    runs: dict[str, list[dict]] = {v: [] for v in args.variants}
-    for rep in range(args.reps):
-        order = args.variants if rep % 2 == 0 else list(reversed(args.variants))
-        for variant in order:
-            cmd = [sys.executable, __file__, "--child", variant, "--model_path", model_path]
-            for k in ("steps", "warmup", "batch", "G", "max_completion_length", "threads", "reward"):
-                cmd += [f"--{k}", str(getattr(args, k))]
-            cmd += ["--gpu"] if args.gpu else []
-            proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-            line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
-            if proc.returncode or not line:
-                sys.exit(f"{variant} failed:\n{proc.stderr[-3000:]}")
-            runs[variant].append(json.loads(line[0][7:]))
-            print(f"rep {rep} {variant}: {runs[variant][-1]}", flush=True)
+    runs = interleaved_runs(__file__, args.variants, model_path, args,
+                            ("steps", "warmup", "batch", "G", "max_completion_length", "threads", "reward"))
 
     summary = {}
     for v, rs in runs.items():
         st = [r["step_time_s"] for r in rs]
         mem = [r["peak_mem_mb"] for r in rs]
         summary[v] = {"step_time_s": statistics.median(st), "step_time_min": min(st), "step_time_max": max(st),
+                      "generate_s": statistics.median(r["generate_s"] for r in rs),
                       "time_per_prompt_s": statistics.median(st) / rs[0]["prompts_per_step"],
                       "peak_mem_mb": statistics.median(mem), "holds_ref_model": rs[0]["holds_ref_model"]}
     for v, s in summary.items():
@@ -252,18 +276,27 @@ def main() -> None:
         for other in ("grpo_beta",):
             if other in summary and v != other:
                 s[f"peak_mem_ratio_vs_{other}"] = s["peak_mem_mb"] / summary[other]["peak_mem_mb"]
+        if v == "apo":
+            for other in ("grpo_g2_paper", "a2po"):
+                if other in summary:
+                    s[f"time_per_prompt_ratio_vs_{other}"] = s["time_per_prompt_s"] / summary[other]["time_per_prompt_s"]
+                    s[f"peak_mem_ratio_vs_{other}"] = s["peak_mem_mb"] / summary[other]["peak_mem_mb"]
     meta = {k: getattr(args, k) for k in ("reps", "steps", "warmup", "batch", "G", "max_completion_length",
                                            "model", "threads", "gpu", "reward")}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out + ".json").write_text(json.dumps({"settings": meta, "summary": summary, "runs": runs}, indent=1))
     lines = [f"Settings: {meta}", "",
-             "| variant | step time (s) median [min-max] | per prompt (s) | peak mem (MB) | ref model | vs | step ratio | mem ratio | target |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| variant | step time (s) median [min-max] | of which generate (s) | per prompt (s) | peak mem (MB) | ref model | vs | step ratio | mem ratio | target |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for v, s in summary.items():
         lines.append(f"| {v} | {s['step_time_s']:.3f} [{s['step_time_min']:.3f}-{s['step_time_max']:.3f}] | "
+                     f"{s['generate_s']:.3f} | "
                      f"{s['time_per_prompt_s']:.4f} | {s['peak_mem_mb']:.0f} | {s['holds_ref_model']} | "
                      f"{s.get('baseline', '')} | {s.get('step_time_ratio', float('nan')):.3f} | "
                      f"{s.get('peak_mem_ratio', float('nan')):.3f} | {s.get('target', '')} |")
+    extra = [f"- {v} vs {k.split('_vs_')[1]}: {k.split('_vs_')[0].replace('_', ' ')} {x:.3f}"
+             for v, s in summary.items() for k, x in s.items() if "_vs_" in k]
+    lines += ["", *extra] if extra else []
     Path(args.out + ".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Reproduce every number and plot of docs/RESULTS.md on a CPU machine (about 50 minutes on 2 cores):
 #   bash benchmarks/run_all.sh            # tiny-model benchmarks, stage 1, EEPO clip study, replication
-#   bash benchmarks/run_all.sh --medium   # also the 25M-parameter benchmark (about 20 more minutes)
+#   bash benchmarks/run_all.sh --medium   # also the 25M-parameter and 32k-vocabulary benchmarks (~35 more minutes)
 # Uses ./.venv (created by scripts/setup_env.sh). Run it on an otherwise idle machine: timings are compared as
 # ratios within each run, but other load adds noise.
 set -euo pipefail
@@ -9,13 +9,19 @@ cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh
 PY=.venv/bin/python
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1
-$PY benchmarks/bench_trainers.py --variants grpo_beta0 grpo_beta erpo eepo dph grpo_g2 apo a2po --reps 3 --steps 8 \
-    --out docs/benchmarks
+$PY benchmarks/bench_trainers.py --variants grpo_beta0 grpo_beta erpo eepo dph grpo_g2 grpo_g2_paper apo a2po \
+    --reps 3 --steps 8 --out docs/benchmarks
+$PY benchmarks/bench_trainers.py --variants grpo_g2 grpo_g2_paper apo a2po --batch 64 --G 2 --reps 3 --steps 8 \
+    --out docs/benchmarks_apo32
+$PY benchmarks/bench_fused_head.py --model tiny --out docs/bench_fused_head_tiny
 $PY benchmarks/bench_presample.py
 $PY benchmarks/eepo_eps_study.py
 $PY benchmarks/replicate.py
 if [ "${1:-}" = "--medium" ]; then
   $PY benchmarks/bench_trainers.py --model medium --variants grpo_beta0 grpo_beta erpo eepo dph grpo_g2 apo a2po \
       --reps 2 --steps 4 --warmup 2 --out docs/benchmarks_medium
+  $PY benchmarks/bench_trainers.py --model bigvocab --variants grpo_g2 apo a2po --batch 64 --G 2 --reps 2 --steps 4 \
+      --warmup 1 --out docs/benchmarks_bigvocab32
+  $PY benchmarks/bench_fused_head.py
 fi
 echo "done: see docs/benchmarks.md, docs/bench_presample.md, docs/eepo_eps_study.md, docs/replication/"
