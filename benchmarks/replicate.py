@@ -2,6 +2,8 @@
 
     python benchmarks/replicate.py                     # 2 seeds, 150 steps each, ~30-40 min on 2 cores
     python benchmarks/replicate.py --seeds 0 --steps 60  # quick look
+    python benchmarks/replicate.py --methods grpo erpo --base_model outputs/tiny-prompt-trained \
+        --out docs/replication_prompt_trained          # ERPO's Query-KL claim on a base that learned its prompts
 
 Every method trains from the shipped tiny model with the same step budget, learning rate, batch (32 completions per
 step), completion length and seed; nothing is tuned for one method only. A*-PO samples one completion per prompt,
@@ -41,8 +43,6 @@ def train(method: str, seed: int, args, out_dir: Path):
         accuracy_reward,
         load_default_dataset,
     )
-    from trl_variants.default import DEFAULT_MODEL_PATH
-
     common = dict(output_dir=str(out_dir), use_cpu=True, bf16=False, activation_checkpointing=False,
                   report_to="none", save_strategy="no", logging_steps=5, disable_tqdm=True, seed=seed,
                   per_device_train_batch_size=32, num_generations=8, max_completion_length=56, temperature=1.0,
@@ -57,7 +57,7 @@ def train(method: str, seed: int, args, out_dir: Path):
         "apo": (APOTrainer, lambda: APOConfig(presample_cache_dir=cache, **{**common, "num_generations": 1})),
     }[method]
     t0 = time.perf_counter()
-    trainer = cls(model=DEFAULT_MODEL_PATH, reward_funcs=accuracy_reward, args=cfg(), train_dataset=data)
+    trainer = cls(model=args.base_model, reward_funcs=accuracy_reward, args=cfg(), train_dataset=data)
     setup = time.perf_counter() - t0
     t0 = time.perf_counter()
     trainer.train()
@@ -66,16 +66,15 @@ def train(method: str, seed: int, args, out_dir: Path):
     return {"history": trainer.state.log_history, "setup_s": setup, "train_s": train_s}
 
 
-def query_kl(model_path: str, prompts) -> float:
+def query_kl(model_path: str, base_path: str, prompts) -> float:
     """Mean k3 Query-KL of a model's prompt log-likelihoods against the base model's (ERPO's quantity)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from trl_variants.default import DEFAULT_MODEL_PATH
     from trl_variants.losses import query_kl as k3
     from trl_variants.presample import reference_prompt_logps
 
-    tok = AutoTokenizer.from_pretrained(DEFAULT_MODEL_PATH)
-    base = AutoModelForCausalLM.from_pretrained(DEFAULT_MODEL_PATH)
+    tok = AutoTokenizer.from_pretrained(base_path)
+    base = AutoModelForCausalLM.from_pretrained(base_path)
     model = AutoModelForCausalLM.from_pretrained(model_path)
     l_ref = torch.tensor(reference_prompt_logps(base, tok, prompts))
     l_theta = torch.tensor(reference_prompt_logps(model, tok, prompts))
@@ -117,6 +116,7 @@ def main():
     ap.add_argument("--temperatures", type=float, nargs="+", default=[0.5, 1.0, 1.5])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default=str(ROOT / "docs" / "replication"))
+    ap.add_argument("--base_model", default=None, help="start every method from this model (default: the shipped one)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -124,12 +124,14 @@ def main():
     from trl_variants.default import DEFAULT_MODEL_PATH
     from trl_variants.evaluate import EvalConfig, evaluate, write_report
 
+    args.base_model = str(args.base_model or DEFAULT_MODEL_PATH)
+
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     runs: dict[str, list] = {m: [] for m in args.methods}
     for seed in args.seeds:
         for method in args.methods:
-            model_dir = ROOT / "outputs" / "replication" / f"{method}-seed{seed}"
+            model_dir = ROOT / "outputs" / Path(args.out).name / f"{method}-seed{seed}"
             runs[method].append(train(method, seed, args, model_dir) | {"model_dir": str(model_dir)})
             r = runs[method][-1]
             print(f"trained {method} seed {seed}: {r['train_s']:.0f} s (+{r['setup_s']:.0f} s setup)", flush=True)
@@ -137,14 +139,14 @@ def main():
 
     test = load_default_dataset(n_train=0, n_test=args.eval_prompts)["test"]
     config = EvalConfig(k=args.k, temperatures=args.temperatures, max_completion_length=56, seed=0)
-    base = evaluate(DEFAULT_MODEL_PATH, None, test, accuracy_reward, config, name="base")
+    base = evaluate(args.base_model, None, test, accuracy_reward, config, name="base")
     evals = {"base": [base]}
     for method, seeds in runs.items():
         evals[method] = []
         for seed, run in zip(args.seeds, seeds, strict=True):
             res = evaluate(run["model_dir"], None, test, accuracy_reward, config, name=f"{method}-s{seed}",
-                           reference_model=DEFAULT_MODEL_PATH, base_results=base)
-            res["query_kl"] = query_kl(run["model_dir"], list(test["prompt"]))
+                           reference_model=args.base_model, base_results=base)
+            res["query_kl"] = query_kl(run["model_dir"], args.base_model, list(test["prompt"]))
             res["train_s"], res["setup_s"] = run["train_s"], run["setup_s"]
             evals[method].append(res)
             print(f"evaluated {method} seed {seed}", flush=True)

@@ -1,6 +1,9 @@
 """Rebuild the embedded default model shipped in ``trl_variants/default/assets`` (tokenizer + SFT pre-training).
 
     python scripts/build_tiny_default.py [--out DIR] [--threads 1]
+    python scripts/build_tiny_default.py --init_from trl_variants/default/assets --prompt_loss --lr 1e-3 \
+        --warmup 10 --max_steps 400 --eval_every 400 --stop_low 0 --stop_high 1 --out outputs/tiny-prompt-trained
+        # a variant of the shipped model that also learned the prompts (benchmarks/replicate.py --base_model)
 
 Deterministic in its seed on a given machine/thread count: a ~1M-parameter Llama model is trained on fresh
 synthetic problems (loss on completion tokens only) and evaluated every ``--eval_every`` steps on a validation set
@@ -39,13 +42,14 @@ def model_config(tokenizer) -> LlamaConfig:
     )
 
 
-def make_batch(tokenizer, problems):
-    """Right-padded prompt+completion ids with labels on the completion (and its EOS) only."""
+def make_batch(tokenizer, problems, prompt_loss: bool = False):
+    """Right-padded prompt+completion ids with labels on the completion (and its EOS) only, or on every token with
+    ``prompt_loss``."""
     prompts = tokenize_prompts(tokenizer, [[{"role": "user", "content": p.question}] for p in problems])
     rows = []
     for p_ids, prob in zip(prompts, problems, strict=True):
         c_ids = tokenizer(prob.completion, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-        rows.append((p_ids + c_ids, [-100] * len(p_ids) + c_ids))
+        rows.append((p_ids + c_ids, (p_ids if prompt_loss else [-100] * len(p_ids)) + c_ids))
     width = max(len(r[0]) for r in rows)
     ids = torch.full((len(rows), width), tokenizer.pad_token_id)
     labels = torch.full((len(rows), width), -100)
@@ -67,12 +71,15 @@ def main():
     ap.add_argument("--stop_low", type=float, default=0.30)
     ap.add_argument("--stop_high", type=float, default=0.55)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--prompt_loss", action="store_true", help="also train on the prompt tokens")
+    ap.add_argument("--init_from", default=None, help="continue from this model instead of a random init")
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     tokenizer = build_tokenizer()
-    model = LlamaForCausalLM(model_config(tokenizer))
+    model = (LlamaForCausalLM.from_pretrained(args.init_from) if args.init_from
+             else LlamaForCausalLM(model_config(tokenizer)))
     print(f"parameters: {sum(p.numel() for p in model.parameters()):,}")
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.98), weight_decay=0.01)
 
@@ -88,7 +95,7 @@ def main():
     log, start, chosen = [], time.time(), None
     for step in range(1, args.max_steps + 1):
         problems = generate_problems(args.batch_size, seed=rng_seed + step)
-        ids, mask, labels = make_batch(tokenizer, problems)
+        ids, mask, labels = make_batch(tokenizer, problems, prompt_loss=args.prompt_loss)
         loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -118,6 +125,7 @@ def main():
     test = load_default_dataset(n_train=0)["test"]
     report = {
         "stopped_at_step": chosen,
+        "options": {k: v for k, v in vars(args).items() if k != "out"},
         "train_seconds": round(time.time() - start, 1),
         "test_greedy": measure_accuracy(model, tokenizer, test, do_sample=False),
         "test_sampled_T1": measure_accuracy(model, tokenizer, test, do_sample=True, seed=0),
