@@ -237,7 +237,8 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=32, help="rows per step (prompts x G)")
     ap.add_argument("--G", type=int, default=8)
     ap.add_argument("--max_completion_length", type=int, default=56)
-    ap.add_argument("--model", choices=["tiny", "medium", "bigvocab"], default="tiny")
+    ap.add_argument("--model", default="tiny",
+                    help="tiny | medium | bigvocab (built here, offline), or any model path / Hub name (GPU runs)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--reward", default="format_reward", choices=["format_reward", "accuracy_reward"],
                     help="format_reward (default) costs the same on every text, so reward parsing cannot make one "
@@ -254,7 +255,8 @@ def main() -> None:
 
     model_path = {"tiny": lambda: DEFAULT_MODEL_PATH,
                   "medium": lambda: medium_model(ROOT / "outputs" / "bench-medium"),
-                  "bigvocab": lambda: medium_model(ROOT / "outputs" / "bench-bigvocab", big_vocab=True)}[args.model]()
+                  "bigvocab": lambda: medium_model(ROOT / "outputs" / "bench-bigvocab", big_vocab=True),
+                  }.get(args.model, lambda: args.model)()
     runs = interleaved_runs(__file__, args.variants, model_path, args,
                             ("steps", "warmup", "batch", "G", "max_completion_length", "threads", "reward"))
 
