@@ -117,8 +117,8 @@ class EEPOTrainer(CheckpointStateMixin, GRPOTrainer):
                 for p, saved in zip(params, snapshot, strict=True):
                     p.copy_(saved)
             self._sync_vllm()
-        n2, c2_width = len(p2), max(1, max(map(len, c2)))
-        old2, mask2, ent2 = after[:n2, :c2_width], mask[:n2, :c2_width], ent[:n2, :c2_width]
+        n2 = len(p2)  # rows [:n2] are stage 2 (columns past their own completions are masked out)
+        old2, mask2, ent2 = after[:n2], mask[:n2], ent[:n2]
         metrics["eepo/unlearning_loss"].append(self.accelerator.gather(u.detach()).mean().item())
         metrics["eepo/entropy_stage2"].append(self._global_mean(ent2, mask2))
         if measure_drop:
