@@ -70,8 +70,8 @@ def query_kl(model_path: str, base_path: str, prompts) -> float:
     """Mean k3 Query-KL of a model's prompt log-likelihoods against the base model's (ERPO's quantity)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from trl_variants.erpo.reference import reference_prompt_logps
     from trl_variants.losses import query_kl as k3
-    from trl_variants.presample import reference_prompt_logps
 
     tok = AutoTokenizer.from_pretrained(base_path)
     base = AutoModelForCausalLM.from_pretrained(base_path)

@@ -22,7 +22,8 @@ from pathlib import Path
 import torch
 from transformers import TrainerCallback
 
-from .presample import PresampleConfig, _left_pad, presample, token_logps
+from .presample import PresampleConfig, presample, token_logps
+from .presample.logprobs import left_pad
 from .rewards import accuracy_reward
 
 __all__ = ["EvalConfig", "PassAtKCallback", "evaluate", "keep_and_exploration_rates", "pass_at_k", "plot_pass_at_k",
@@ -112,7 +113,7 @@ def _completion_stats(model, sampled, temperature, config, ref_model=None):
     pad = 0
     for start in range(0, len(rows), config.logprob_batch_size):
         chunk = rows[start : start + config.logprob_batch_size]
-        ids, mask = _left_pad([p + c for p, c in chunk], pad)
+        ids, mask = left_pad([p + c for p, c in chunk], pad)
         # completion positions: the last len(c) columns of the (B, L - 1) score matrix
         cmask = torch.zeros(ids.size(0), ids.size(1) - 1)
         for i, (_, c) in enumerate(chunk):

@@ -6,8 +6,8 @@ from transformers import AutoModelForCausalLM
 from trl.experimental.a2po import A2POConfig, A2POTrainer
 
 from trl_variants import APOConfig, APOTrainer, accuracy_reward
-from trl_variants import presample as ps
 from trl_variants.losses import optimal_value
+from trl_variants.presample import runner as ps
 
 from ..helpers import CPU_ARGS, DEFAULT_MODEL_PATH, fixed_batch, small_config, train_dataset
 

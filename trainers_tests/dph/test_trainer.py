@@ -5,8 +5,8 @@ import torch
 from datasets import load_from_disk
 
 from trl_variants import DPHConfig, DPHTrainer, accuracy_reward
-from trl_variants import presample as ps
 from trl_variants.losses import f_divergence
+from trl_variants.presample import runner as ps
 
 from ..helpers import (
     DEFAULT_MODEL_PATH,

@@ -24,8 +24,9 @@ from .._citations import DPH, paper
 from .._common import resolve_config
 from .._reference import frozen_copy_of_policy
 from ..generation import pack_prompt_completion
-from ..presample import PresampleConfig, check_presample_options, dph_split, presample
+from ..presample import PresampleConfig, check_presample_options, presample
 from .config import DPHConfig
+from .split import dph_split
 
 _PRESAMPLE_COLUMNS = ("ref_rewards", "ref_completion_ids", "ref_completion_logps", "ref_prompt_ids")
 

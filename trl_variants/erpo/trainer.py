@@ -17,8 +17,9 @@ from trl import GRPOTrainer
 from .. import losses
 from .._citations import ERPO, paper
 from .._common import resolve_config
-from ..presample import add_reference_prompt_logps, check_presample_options
+from ..presample import check_presample_options
 from .config import ERPOConfig
+from .reference import add_reference_prompt_logps
 
 
 class ERPOTrainer(GRPOTrainer):

@@ -6,17 +6,17 @@ from pathlib import Path
 
 import pytest
 import torch
-from datasets import Dataset, load_from_disk
+from datasets import load_from_disk
 
 from trl_variants import presample as ps
 from trl_variants.default import load_default_dataset
 from trl_variants.losses import optimal_value
-from trl_variants.presample import PresampleConfig, dph_split, presample
+from trl_variants.presample import PresampleConfig, logprobs, presample, runner
 from trl_variants.rewards import accuracy_reward
 
-from .helpers import run_two_ranks
+from ..helpers import run_two_ranks
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _config(tmp_path, **kw):
@@ -80,8 +80,8 @@ def test_cache_hit_generates_nothing(tmp_path, prompts, tiny_model, tiny_tokeniz
     def boom(*a, **k):
         raise AssertionError("generation ran on a cache hit")
 
-    monkeypatch.setattr(ps, "generate_completions", boom)
-    monkeypatch.setattr(ps, "token_logps", boom)
+    monkeypatch.setattr(runner, "generate_completions", boom)
+    monkeypatch.setattr(logprobs, "token_logps", boom)
     second = presample(tiny_model, tiny_tokenizer, prompts, accuracy_reward, _config(tmp_path))
     assert second.to_dict() == first.to_dict()
     # any option that changes the result changes the key: a miss, not a wrong hit
@@ -173,27 +173,6 @@ def test_prompt_logps_only_pass(tmp_path, prompts, tiny_model, tiny_tokenizer):
     out = presample(tiny_model, tiny_tokenizer, prompts, [], _config(tmp_path, num_samples=0, value_beta=None,
                                                                      record_completion_logps=False))
     assert "ref_completion_ids" not in out.column_names and all(v < 0 for v in out["ref_prompt_logp"])
-
-
-def test_dph_split_hand_built():
-    ds = Dataset.from_dict({
-        "prompt": ["a", "b", "c"],
-        "ref_prompt_ids": [[1, 2], [3, 4], [5, 6]],
-        "ref_rewards": [[1.0, 1.0, 1.0], [1.0, 0.0, 1.0], [0.0, 0.0, 0.0]],
-        "ref_completion_ids": [[[7], [8], [9]], [[10], [11], [12]], [[13], [14], [15]]],
-        "ref_completion_logps": [[[-0.1], [-0.2], [-0.3]], [[-1.0], [-1.1], [-1.2]], [[-2.0], [-2.1], [-2.2]]],
-    })
-    all_of = dph_split(ds, threshold=3)
-    assert all_of.pef["completion_ids"] == [[7], [8], [9]] and all_of.pef["prompt_index"] == [0, 0, 0]
-    assert all_of.exp["prompt"] == ["b", "c"] and all_of.exp.column_names == ["prompt"]
-    two_of = dph_split(ds, threshold=2, keep="one")
-    assert two_of.pef["completion_ids"] == [[7], [10]] and two_of.pef["completion_logps"] == [[-0.1], [-1.0]]
-    assert two_of.exp["prompt"] == ["c"]
-    refined = dph_split(ds, threshold=2, refine_rewards=[1.0, 0.0, 1.0])
-    assert refined.pef["prompt_index"] == [0, 0, 0] and refined.exp["prompt"] == ["b", "c"]
-    assert refined.stats["moved_by_refinement"] == 1
-    with pytest.raises(ValueError, match="threshold"):
-        dph_split(ds, threshold=4)
 
 
 def test_cli_writes_dataset(tmp_path):

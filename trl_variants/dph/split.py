@@ -1,0 +1,70 @@
+"""DPH-RL's part of the offline pass: split the presampled prompts into near-perfect rehearsal rows (D_pef) and the
+exploration set (D_exp), Sec. 4.1."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from ..presample.config import COLUMNS
+
+
+@dataclass
+class DPHSplit:
+    """Result of :func:`dph_split`: the near-perfect rehearsal rows and the exploration prompts."""
+
+    pef: object  # datasets.Dataset: prompt_ids, completion_ids, completion_logps (one row per kept completion)
+    exp: object  # datasets.Dataset: the exploration prompts (original columns)
+    stats: dict = field(default_factory=dict)
+
+
+def dph_split(dataset, threshold: int, keep: str = "all", refine_rewards: Sequence[float] | None = None) -> DPHSplit:
+    """DPH-RL Sec. 4.1: prompts with at least ``threshold`` correct samples (of k) form D_pef, the rest D_exp.
+
+    Args:
+        dataset: a presampled dataset with ``ref_rewards``, ``ref_completion_ids``, ``ref_completion_logps``.
+        threshold: the "t of k" rule (paper recommends k of k).
+        keep: ``"all"`` correct completions of a D_pef prompt become rehearsal rows, or ``"one"`` (the first).
+        refine_rewards: optional, one extra sample's reward per prompt (the refinement draw): a D_pef prompt whose
+            extra sample is wrong moves to D_exp.
+    Returns:
+        :class:`DPHSplit` with ``pef`` rows (``prompt_ids``, ``completion_ids``, ``completion_logps``, ``prompt_index``)
+        and ``exp`` = the D_exp rows of ``dataset`` without the presample columns.
+    """
+    from datasets import Dataset
+
+    missing = [c for c in ("ref_rewards", "ref_completion_ids", "ref_completion_logps", "ref_prompt_ids")
+               if c not in dataset.column_names]
+    if missing:
+        raise ValueError(f"dph_split needs a presampled dataset with {missing} (presample with "
+                         "record_completion_logps=True)")
+    if keep not in ("all", "one"):
+        raise ValueError(f"keep must be 'all' or 'one', got {keep!r}")
+    k = len(dataset[0]["ref_rewards"])
+    if not 1 <= threshold <= k:
+        raise ValueError(f"threshold must be between 1 and k={k} (samples per prompt), got {threshold}")
+    if refine_rewards is not None and len(refine_rewards) != len(dataset):
+        raise ValueError(f"refine_rewards has {len(refine_rewards)} values for {len(dataset)} prompts")
+    pef_rows = {"prompt_index": [], "prompt_ids": [], "completion_ids": [], "completion_logps": []}
+    exp_index, moved = [], 0
+    for i, (rewards, comps, logps, p_ids) in enumerate(zip(
+            dataset["ref_rewards"], dataset["ref_completion_ids"], dataset["ref_completion_logps"],
+            dataset["ref_prompt_ids"], strict=True)):
+        correct = [j for j, r in enumerate(rewards) if r > 0]
+        near_perfect = len(correct) >= threshold
+        if near_perfect and refine_rewards is not None and not refine_rewards[i] > 0:
+            near_perfect, moved = False, moved + 1
+        if not near_perfect:
+            exp_index.append(i)
+            continue
+        for j in correct[:1] if keep == "one" else correct:
+            pef_rows["prompt_index"].append(i)
+            pef_rows["prompt_ids"].append(p_ids)
+            pef_rows["completion_ids"].append(comps[j])
+            pef_rows["completion_logps"].append(logps[j])
+    extra = [c for c in COLUMNS if c in dataset.column_names]
+    exp = dataset.select(exp_index).remove_columns(extra)
+    stats = {"num_prompts": len(dataset), "num_pef_prompts": len(dataset) - len(exp_index),
+             "num_pef_rows": len(pef_rows["prompt_index"]), "num_exp_prompts": len(exp_index),
+             "moved_by_refinement": moved}
+    return DPHSplit(pef=Dataset.from_dict(pef_rows), exp=exp, stats=stats)

@@ -1,0 +1,53 @@
+"""ERPO's part of the offline pass: ``l_ref(s)``, the frozen reference's log-likelihood of every prompt, computed once
+before training and stored as a dataset column (the Query-KL's fixed side, eq. 10-11)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ..generation import tokenize_prompts
+from ..presample.config import REF_PROMPT_LOGP
+from ..presample.logprobs import check_prompt_lengths, prompt_logps_from_ids
+from ..presample.runner import check_prompt_column
+
+
+def reference_prompt_logps(
+    model, tokenizer, prompts: Sequence, *, temperature: float = 1.0, batch_size: int = 8, max_prompt_length=None,
+    token_logps_fn=None,
+) -> list[float]:
+    """ERPO's ``l_ref(s)`` for every prompt (plain or conversational), tokenized as GRPOTrainer tokenizes them."""
+    ids = tokenize_prompts(tokenizer, prompts, max_prompt_length)
+    check_prompt_lengths(ids)
+    return prompt_logps_from_ids(model, ids, tokenizer.pad_token_id, temperature, batch_size, token_logps_fn).tolist()
+
+
+def add_reference_prompt_logps(
+    dataset, model, tokenizer, *, column: str = REF_PROMPT_LOGP, temperature: float = 1.0, batch_size: int = 8,
+    accelerator=None, token_logps_fn=None, desc: str = "reference prompt log-likelihoods",
+):
+    """Return ``dataset`` with ``column`` = ``l_ref(s)`` of every row's ``prompt`` (ERPO's pre-computed Query-KL
+    term). Under an ``accelerator`` with several processes each computes a contiguous shard and the results are
+    gathered in the original order."""
+    from accelerate.utils import gather_object
+    from tqdm.auto import tqdm
+
+    check_prompt_column(dataset)
+    rank, world = (accelerator.process_index, accelerator.num_processes) if accelerator else (0, 1)
+    per = -(-len(dataset) // world)
+    mine = list(range(rank * per, min(len(dataset), (rank + 1) * per)))
+    values: list[float] = []
+    bar = tqdm(total=len(mine), desc=desc, disable=rank != 0, unit="prompt")
+    chunk = max(batch_size, 256)
+    for start in range(0, len(mine), chunk):
+        idx = mine[start : start + chunk]
+        values += reference_prompt_logps(
+            model, tokenizer, dataset.select(idx)["prompt"], temperature=temperature, batch_size=batch_size,
+            token_logps_fn=token_logps_fn,
+        )
+        bar.update(len(idx))
+    bar.close()
+    if world > 1:
+        values = gather_object(values)
+    if column in dataset.column_names:
+        dataset = dataset.remove_columns(column)
+    return dataset.add_column(column, values)

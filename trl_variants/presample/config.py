@@ -1,0 +1,93 @@
+"""Options of the offline reference pass and the columns it records."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+REF_PROMPT_LOGP = "ref_prompt_logp"
+COLUMNS = {
+    "ref_prompt_ids": "prompt token ids exactly as GRPOTrainer feeds them (list[int])",
+    "ref_completion_ids": "N sampled completions, token ids cut after the first EOS (list[list[int]])",
+    "ref_completions": "the same completions as text (list[str])",
+    "ref_rewards": "reward of each completion, weighted sum over the reward functions (list[float])",
+    "ref_completion_logps": "per-token reference log-probs of each completion, at the sampling temperature "
+    "(list[list[float]]; only with record_completion_logps)",
+    "ref_prompt_logp": "l_ref(s): sum of the prompt's token log-probs, first token skipped (float; record_prompt_logp)",
+    "ref_value": "V_hat(x) = beta * log mean exp(r / beta) over the N rewards (float; only with value_beta)",
+}
+"""Columns :func:`presample` adds, and what they hold."""
+
+METADATA_KEY = "trl_variants_presample"
+
+
+@dataclass
+class PresampleConfig:
+    """Options of the offline reference pass. Every field that changes the result is part of the cache key.
+
+    Parameters:
+        num_samples: completions per prompt (A*-PO's N, DPH-RL's k); 0 records only prompt log-likelihoods (ERPO).
+        greedy: decode greedily instead of sampling (needs num_samples 1; used by evaluation).
+        temperature, top_p, top_k: sampling parameters (top_k 0 = off). Log-probs are of the temperature-scaled
+            distribution, as GRPOTrainer computes them.
+        max_prompt_length: keep the last this many prompt tokens (left truncation); None = no truncation.
+        max_completion_length: maximum new tokens per completion.
+        record_prompt_logp: add ``ref_prompt_logp`` (ERPO's l_ref).
+        record_completion_logps: add per-token ``ref_completion_logps`` (DPH-RL).
+        value_beta: add ``ref_value`` with this beta1 (A*-PO; paper 0.5); None = skip.
+        seed: base seed; shard ``i`` samples with seed ``seed * 1_000_003 + i``.
+        generation_batch_size: sequences (prompt x sample) per ``generate`` call.
+        logprob_batch_size: sequences per scoring forward pass.
+        shard_size: prompts per cache shard (the unit of resume and of work sharing between processes).
+        backend: ``"hf"`` (transformers generate), ``"vllm"`` (needs vllm and a GPU) or ``"auto"`` (vLLM when
+            available, else hf).
+        cache_dir: where shards and the final dataset are stored; None = ``$TRL_VARIANTS_CACHE`` or
+            ``~/.cache/trl_variants/presample``. ``use_cache=False`` recomputes and stores nothing.
+    """
+
+    num_samples: int = 8
+    greedy: bool = False
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_prompt_length: int | None = None
+    max_completion_length: int = 256
+    record_prompt_logp: bool = True
+    record_completion_logps: bool = False
+    value_beta: float | None = None
+    seed: int = 0
+    generation_batch_size: int = 64
+    logprob_batch_size: int = 8
+    shard_size: int = 64
+    backend: str = "hf"
+    cache_dir: str | None = None
+    use_cache: bool = True
+    show_progress: bool = True
+
+    # fields that do not change the result (excluded from the cache key)
+    _NOT_IN_KEY = ("generation_batch_size", "logprob_batch_size", "backend", "cache_dir", "use_cache",
+                   "show_progress")
+
+    def __post_init__(self):
+        if self.num_samples < 0:
+            raise ValueError(f"num_samples must be >= 0 (0: prompt log-likelihoods only), got {self.num_samples}")
+        if self.value_beta is not None and not self.value_beta > 0:
+            raise ValueError(f"value_beta (A*-PO's beta1) must be > 0, got {self.value_beta}")
+        if self.value_beta is not None and self.num_samples < 1:
+            raise ValueError("value_beta needs num_samples >= 1 (V_hat is computed from sampled rewards)")
+        if self.greedy and self.num_samples != 1:
+            raise ValueError(f"greedy decoding gives one completion per prompt: num_samples must be 1, got "
+                             f"{self.num_samples}")
+        if self.record_completion_logps and self.num_samples < 1:
+            raise ValueError("record_completion_logps needs num_samples >= 1")
+        if not self.temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        for name in ("max_completion_length", "generation_batch_size", "logprob_batch_size", "shard_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.backend not in ("hf", "vllm", "auto"):
+            raise ValueError(f"backend must be 'hf', 'vllm' or 'auto', got {self.backend!r}")
+
+    def key_options(self) -> dict:
+        return {k: v for k, v in asdict(self).items() if k not in self._NOT_IN_KEY}
