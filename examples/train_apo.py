@@ -1,7 +1,7 @@
 """Train with A*-PO (offline optimal values + one-sample advantage regression).
 
     accelerate launch examples/train_apo.py                      # tiny default (configs/apo/tiny_cpu.yaml), CPU
-    accelerate launch examples/train_apo.py --config configs/apo/qwen2.5-7b.yaml
+    accelerate launch examples/train_apo.py --config configs/apo/qwen2.5-7B.yaml
     accelerate launch examples/train_apo.py --max_steps 20 --value_beta 1.0   # flags override the YAML
 
 The steps (parse, data, rewards, trainer, train, save, push) are `trl_variants.scripts.run_training`.

@@ -122,3 +122,19 @@ def run_two_ranks(script, port: int, timeout: int = 300):
                           capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0 and proc.stdout.count("OK") == 2, proc.stderr[-3000:]
     return proc
+
+
+HINT_TEMPLATE = ("{% if system_hint %}{{ '<|im_start|>system\\n' + system_hint + '<|im_end|>\\n' }}{% endif %}"
+                 "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+                 "'<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
+                 "{% endif %}")
+
+
+def hinted_tokenizer():
+    """The tiny tokenizer with a chat template that renders a system line when ``chat_template_kwargs`` pass
+    ``system_hint``: tokenizing with and without the trainer's kwargs gives different prompt ids."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(DEFAULT_MODEL_PATH)
+    tok.chat_template = HINT_TEMPLATE
+    return tok

@@ -13,3 +13,34 @@ def resolve_config(model, args, config_cls, suffix: str):
         raise TypeError(f"args must be a {config_cls.__name__}, got {type(args).__name__}: build one with "
                         f"{config_cls.__name__}(...)")
     return args
+
+
+# --------------------------------------------------------------------------- the offline pass, as a trainer runs it ---
+def trainer_prompt_ids(trainer, prompts) -> list[list[int]]:
+    """The prompt token ids ``trainer`` trains on: its own tokenization (chat template, ``chat_template_kwargs``,
+    tools), so an offline pass that uses it stores exactly the ids the trainer will see."""
+    return [list(ids) for ids in trainer._tokenize_prompts(list(prompts))[0]]
+
+
+def check_prompt_ids(trainer, dataset, column: str = "ref_prompt_ids") -> None:
+    """Refuse a presampled dataset whose stored prompt ids are not the ones ``trainer`` trains on (another chat
+    template, ``chat_template_kwargs`` or tools): its reference quantities would score other prompts."""
+    if column not in dataset.column_names:
+        return
+    mine = trainer_prompt_ids(trainer, dataset["prompt"])
+    bad = [i for i, (stored, ids) in enumerate(zip(dataset[column], mine, strict=True)) if list(stored) != ids]
+    if bad:
+        raise ValueError(
+            f"the presampled dataset's {column!r} differ from the trainer's own tokenization of the same prompts at "
+            f"rows {bad[:5]} ({len(bad)} of {len(dataset)}): it was made with another chat template, "
+            "chat_template_kwargs or tools. Presample again with the trainer's settings, or pass the raw prompts and "
+            "let the trainer run the pass")
+
+
+def sampling_options(trainer) -> dict:
+    """The trainer's options that define its sampling distribution, in :class:`PresampleConfig`'s names: a pass
+    that samples the reference must use exactly these, and a presampled dataset must have been made with them."""
+    return dict(temperature=trainer.temperature, top_p=trainer.top_p, top_k=trainer.top_k or 0,
+                min_p=trainer.min_p or 0.0, repetition_penalty=trainer.repetition_penalty,
+                max_completion_length=trainer.max_completion_length,
+                generation_kwargs=trainer.args.generation_kwargs or None)

@@ -72,6 +72,9 @@ def generate_completions(
     temperature: float = 1.0,
     top_p: float = 1.0,
     top_k: int = 0,
+    min_p: float = 0.0,
+    repetition_penalty: float = 1.0,
+    generation_kwargs: dict | None = None,
     do_sample: bool = True,
     batch_size: int = 64,
     progress=None,
@@ -80,15 +83,15 @@ def generate_completions(
 
     Returns, per prompt, a list of ``num_samples`` completion token lists (cut after the first EOS, EOS kept).
     ``batch_size`` counts sequences (prompt x sample) per ``generate`` call. ``progress`` is called with the
-    number of prompts finished after each call.
+    number of prompts finished after each call. The sampling options are GRPOTrainer's (``min_p`` 0 and
+    ``repetition_penalty`` 1 are off); ``generation_kwargs`` override them, as GRPOConfig's do.
     """
     device = next(model.parameters()).device
     eos = eos_token_ids(tokenizer, model)
-    config = GenerationConfig(
-        max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature if do_sample else None,
-        top_p=top_p if do_sample else None, top_k=top_k if do_sample else None,
-        pad_token_id=tokenizer.pad_token_id, eos_token_id=eos, num_return_sequences=num_samples,
-    )
+    sampling = dict(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p or None) if do_sample else {}
+    kwargs = dict(max_new_tokens=max_new_tokens, do_sample=do_sample, repetition_penalty=repetition_penalty,
+                  pad_token_id=tokenizer.pad_token_id, eos_token_id=eos, **sampling)
+    config = GenerationConfig(**{**kwargs, **(generation_kwargs or {})}, num_return_sequences=num_samples)
     per_call = max(1, batch_size // num_samples)
     was_training = model.training
     model.eval()

@@ -116,7 +116,10 @@ def test_binary_reward_warning(tmp_path):
 @pytest.mark.slow
 def test_end_to_end_and_resume_does_not_rerun_stage1(tmp_path, monkeypatch):
     out = tmp_path / "run"
-    kw = dict(max_steps=2, save_strategy="steps", save_steps=2, output_dir=str(out), learning_rate=1e-3)
+    # 32 prompts: the first batch has prompts whose single sample disagrees with V_hat (a non-zero target), so the
+    # first update moves the policy and the second step's KL to the reference is non-zero
+    kw = dict(max_steps=2, save_strategy="steps", save_steps=2, output_dir=str(out), learning_rate=1e-3,
+              dataset=train_dataset(32))
     apo = _apo(tmp_path, **kw)
     apo.train()
     logged = {k for h in apo.state.log_history for k in h}

@@ -186,3 +186,39 @@ assert any("dph/loss_pef" in h for h in t.state.log_history)
 print("OK", digests)
 """)
     run_two_ranks(script, 29553)
+
+
+def test_correctness_is_the_accuracy_reward_not_the_summed_reward(tmp_path):
+    """With accuracy + format rewards, a well-formatted wrong answer is not "correct": D_pef holds only completions
+    whose accuracy reward is 1 (issue #13 item 6; the summed reward is > 0 for every formatted completion)."""
+    from trl_variants import format_reward
+
+    ds = train_dataset(24)
+    dph = DPHTrainer(model=DEFAULT_MODEL_PATH, reward_funcs=[accuracy_reward, format_reward],
+                     args=small_config(DPHConfig, tmp_path / "dph", num_presamples=4, pef_threshold=1,
+                                       max_completion_length=40, presample_cache_dir=str(tmp_path / "c")),
+                     train_dataset=ds)
+    tok = dph.processing_class
+    texts = tok.batch_decode(list(dph.pef_dataset["completion_ids"]), skip_special_tokens=True)
+    gold = [ds[i]["solution"] for i in dph.pef_dataset["prompt_index"]]
+    assert len(texts) > 0
+    assert accuracy_reward(texts, gold) == [1.0] * len(texts)
+    # the summed reward would have let in wrong but formatted completions: there are some in this pass
+    assert format_reward(texts) == [1.0] * len(texts)
+    with pytest.raises(ValueError, match="correctness_reward='nope' is not one of"):
+        _dph(tmp_path / "x", correctness_reward="nope")
+    with pytest.raises(ValueError, match="set correctness_reward"):
+        DPHTrainer(model=DEFAULT_MODEL_PATH, reward_funcs=[format_reward, format_reward],
+                   args=small_config(DPHConfig, tmp_path / "y", num_presamples=2, pef_threshold=1),
+                   train_dataset=ds)
+
+
+def test_reference_samples_do_not_depend_on_the_per_device_batch(tmp_path):
+    """The same global run on 1 process (16 rows per device) and on 2 (8 rows per device) must rehearse the same
+    reference samples: the pass's layout is fixed, not derived from per_device_train_batch_size (issue #13 item 10).
+    Each run gets its own cache, so both really sample."""
+    a = _dph(tmp_path / "a", per_device_train_batch_size=16, dataset=train_dataset(24))
+    b = _dph(tmp_path / "b", per_device_train_batch_size=8, dataset=train_dataset(24))
+    assert len(a.pef_dataset) > 0
+    assert a.pef_dataset.to_dict() == b.pef_dataset.to_dict()
+    assert a.train_dataset["prompt"] == b.train_dataset["prompt"]

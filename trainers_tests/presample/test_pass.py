@@ -89,7 +89,8 @@ def test_cache_hit_generates_nothing(tmp_path, prompts, tiny_model, tiny_tokeniz
         presample(tiny_model, tiny_tokenizer, prompts, accuracy_reward, _config(tmp_path, temperature=0.9))
 
 
-def test_interrupted_run_resumes_to_identical_dataset(tmp_path, prompts, tiny_model, tiny_tokenizer):
+def test_interrupted_run_resumes_to_identical_dataset(tmp_path, prompts, tiny_model, tiny_tokenizer,
+                                                      monkeypatch):
     reference = presample(tiny_model, tiny_tokenizer, prompts, accuracy_reward, _config(tmp_path / "a"))
     calls = {"n": 0}
 
@@ -115,9 +116,20 @@ def test_interrupted_run_resumes_to_identical_dataset(tmp_path, prompts, tiny_mo
         resumed_calls["n"] += 1
         return accuracy_reward(completions, solution)
 
+    generated = []
+    real_generate = runner.generate_completions
+
+    def counting_generate(model, tokenizer, prompt_ids, *args, **kwargs):
+        generated.append(len(prompt_ids))
+        return real_generate(model, tokenizer, prompt_ids, *args, **kwargs)
+
     counting_reward.__name__, counting_reward.__module__ = "accuracy_reward", accuracy_reward.__module__
+    monkeypatch.setattr(runner, "generate_completions", counting_generate)
     resumed = presample(tiny_model, tiny_tokenizer, prompts, counting_reward, cfg)
-    assert resumed_calls["n"] == 2  # shards 1 and 2 only: shard 0 came from disk
+    assert generated == [4, 2]  # shards 1 and 2 only: shard 0's samples came from disk
+    # a local function cannot be fingerprinted (renaming it does not make it accuracy_reward): its rewards are never
+    # trusted from disk, so all three shards are scored again (cheap: no generation)
+    assert resumed_calls["n"] == 3
     assert resumed.to_dict() == reference.to_dict()
 
 

@@ -26,6 +26,9 @@ class APOConfig(GRPOConfig):
         filter_all_incorrect (`bool`, defaults to `False`): drop prompts whose N samples are all wrong (Sec. 4.4).
         check_binary_rewards (`bool`, defaults to `True`): warn once when a reward is not 0 or 1.
         presample_cache_dir (`str`, *optional*): cache of the offline pass (default ``~/.cache/trl_variants``).
+        presample_generation_batch_size (`int`, defaults to `64`): sequences per ``generate`` call in stage 1. Part
+            of the pass's fixed layout (and cache key): never derived from the per-device batch, so the reference
+            samples are the same with 1 or N processes.
     """
 
     num_generations: int | None = field(default=1, metadata={"help": "Completions per prompt in stage 2 (A*-PO: 1)."})
@@ -35,6 +38,8 @@ class APOConfig(GRPOConfig):
     filter_all_incorrect: bool = field(default=False, metadata={"help": "Drop prompts with N wrong samples."})
     check_binary_rewards: bool = field(default=True, metadata={"help": "Warn when rewards are not in {0, 1}."})
     presample_cache_dir: str | None = field(default=None, metadata={"help": "Cache directory of the offline pass."})
+    presample_generation_batch_size: int = field(
+        default=64, metadata={"help": "Sequences per generate call in stage 1 (fixed layout)."})
 
     def __post_init__(self):
         if self.num_generations is None or self.num_generations < 1:
@@ -44,6 +49,8 @@ class APOConfig(GRPOConfig):
             raise ValueError(f"num_value_samples (N) must be >= 1, got {self.num_value_samples}")
         if not self.value_beta > 0:
             raise ValueError(f"value_beta (beta1) must be > 0, got {self.value_beta}")
+        if self.presample_generation_batch_size < 1:
+            raise ValueError(f"presample_generation_batch_size must be >= 1, got {self.presample_generation_batch_size}")
         if not self.beta > 0:
             raise ValueError(f"beta (A*-PO's beta2) must be > 0, got {self.beta}")
         single = self.num_generations == 1

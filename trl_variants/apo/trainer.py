@@ -12,6 +12,7 @@ of the weights you passed when the model is an in-memory object.
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import torch
@@ -20,7 +21,7 @@ from trl import GRPOTrainer
 
 from .. import losses
 from .._citations import APO, paper
-from .._common import resolve_config
+from .._common import check_prompt_ids, resolve_config, sampling_options, trainer_prompt_ids
 from .._reference import frozen_copy_of_policy
 from ..presample import PresampleConfig, check_presample_options, presample
 from .config import APOConfig
@@ -59,25 +60,36 @@ class APOTrainer(GRPOTrainer):
     def _with_values(self, dataset):
         args = self.args
         if "ref_value" in dataset.column_names:
-            check_presample_options(dataset, num_samples=args.num_value_samples, value_beta=args.value_beta)
+            check_presample_options(dataset, num_samples=args.num_value_samples, value_beta=args.value_beta,
+                                    **sampling_options(self))
+            check_prompt_ids(self, dataset)
         else:
             for func in self.reward_funcs:
                 if isinstance(func, torch.nn.Module):
                     raise ValueError("APOTrainer's stage 1 scores with reward functions, not reward models")
             config = PresampleConfig(
-                num_samples=args.num_value_samples, value_beta=args.value_beta, temperature=self.temperature,
-                top_p=args.top_p, top_k=args.top_k or 0, max_completion_length=self.max_completion_length,
+                num_samples=args.num_value_samples, value_beta=args.value_beta, **sampling_options(self),
                 record_prompt_logp=False, seed=args.seed, cache_dir=args.presample_cache_dir,
-                generation_batch_size=max(args.per_device_train_batch_size, args.num_value_samples) * 4,
+                generation_batch_size=args.presample_generation_batch_size,
             )
             was_training = self.model.training
             self.model.eval()
             try:
                 with self._reference_weights():
                     dataset = presample(self.model, self.processing_class, dataset, self.reward_funcs, config,
-                                        reward_weights=self.reward_weights.tolist(), accelerator=self.accelerator)
+                                        reward_weights=self.reward_weights.tolist(), accelerator=self.accelerator,
+                                        tokenize_fn=lambda prompts: trainer_prompt_ids(self, prompts))
             finally:
                 self.model.train(was_training)
+        no_value = [i for i, v in enumerate(dataset["ref_value"]) if not math.isfinite(v)]
+        if no_value:  # every reference sample of these prompts lacked a reward (TRL: None / NaN is excluded)
+            warnings.warn(f"A*-PO: {len(no_value)} prompts have no value estimate (none of their {args.num_value_samples}"
+                          f" reference samples got a reward, e.g. row {no_value[0]}); they are left out of training",
+                          stacklevel=2)
+            dataset = dataset.select(sorted(set(range(len(dataset))) - set(no_value)))
+            if len(dataset) == 0:
+                raise ValueError("no prompt has a value estimate: every reference sample got no reward (the reward "
+                                 "functions returned None or NaN). Check the reward functions on this dataset")
         if args.filter_all_incorrect:
             kept = dataset.filter(lambda rs: any(r > 0 for r in rs), input_columns="ref_rewards")
             if len(kept) == 0:

@@ -31,6 +31,12 @@ class DPHConfig(GRPOConfig):
             rows of each subset in the micro-batch (what the authors' code effectively does).
         num_presamples (`int`, defaults to `8`): k, reference samples per prompt in the offline pass.
         pef_threshold (`int`, defaults to `8`): a prompt with at least this many correct of k goes to D_pef.
+        correctness_reward (`str`, *optional*): the name of the reward function that decides whether a reference
+            sample is correct (its own value, not the weighted sum). Default: ``accuracy_reward`` when it is one of
+            the reward functions, else the only reward function; with several and none of them ``accuracy_reward``
+            the trainer asks you to name one. A format reward must not make a wrong answer "correct".
+        correctness_threshold (`float`, defaults to `1.0`): a sample is correct when that function's reward is at
+            least this (the paper: the accuracy reward equals 1). A sample without a reward is never correct.
         pef_keep (`str`, defaults to `"all"`): keep ``"all"`` correct reference completions or ``"one"``.
         pef_refine (`bool`, defaults to `False`): draw one more sample per D_pef prompt; keep it in D_pef only if
             correct (Sec. 4.1).
@@ -39,6 +45,9 @@ class DPHConfig(GRPOConfig):
         require_pef (`bool`, defaults to `False`): raise when the split leaves D_pef empty; otherwise the trainer
             warns and runs as GRPO without KL.
         presample_cache_dir (`str`, *optional*): cache of the offline pass (default ``~/.cache/trl_variants``).
+        presample_generation_batch_size (`int`, defaults to `64`): sequences per ``generate`` call in the offline
+            pass. Part of the pass's fixed layout (and cache key): never derived from the per-device batch, so the
+            reference samples are the same with 1 or N processes.
         divergence_form (`str`, defaults to `"generator"`): ``"generator"`` (eq. 6, no reference model) or
             ``"definition"`` (App. F, JS only): ``KL(pi_ref || M)`` on D_pef and ``beta1 * KL(pi_theta || M)`` on
             D_exp rollouts, ``M = (pi_ref + pi_theta) / 2``, ``beta1 = eta |D_pef| / |D_exp|``, with a live
@@ -52,12 +61,18 @@ class DPHConfig(GRPOConfig):
                                                            "choices": ["sum", "count_weighted"]})
     num_presamples: int = field(default=8, metadata={"help": "k: reference samples per prompt."})
     pef_threshold: int = field(default=8, metadata={"help": "Correct samples (of k) that make a prompt D_pef."})
+    correctness_reward: str | None = field(
+        default=None, metadata={"help": "Reward function deciding correctness (default accuracy_reward)."})
+    correctness_threshold: float = field(
+        default=1.0, metadata={"help": "A reference sample is correct when that reward is >= this."})
     pef_keep: str = field(default="all", metadata={"help": "'all' or 'one' correct completion per D_pef prompt.",
                                                    "choices": ["all", "one"]})
     pef_refine: bool = field(default=False, metadata={"help": "Refinement draw for D_pef prompts (Sec. 4.1)."})
     pef_batch_size: int | None = field(default=None, metadata={"help": "D_pef rows per micro-step per process."})
     require_pef: bool = field(default=False, metadata={"help": "Error instead of GRPO fallback if D_pef is empty."})
     presample_cache_dir: str | None = field(default=None, metadata={"help": "Cache directory of the offline pass."})
+    presample_generation_batch_size: int = field(
+        default=64, metadata={"help": "Sequences per generate call in the offline pass (fixed layout)."})
     divergence_form: str = field(default="generator", metadata={"help": "'generator' (eq. 6) or 'definition' "
                                                                         "(App. F, JS with a live reference).",
                                                                 "choices": ["generator", "definition"]})
@@ -75,6 +90,8 @@ class DPHConfig(GRPOConfig):
         if self.num_presamples < 1 or not 1 <= self.pef_threshold <= self.num_presamples:
             raise ValueError(f"need 1 <= pef_threshold <= num_presamples, got pef_threshold={self.pef_threshold}, "
                              f"num_presamples={self.num_presamples}")
+        if self.presample_generation_batch_size < 1:
+            raise ValueError(f"presample_generation_batch_size must be >= 1, got {self.presample_generation_batch_size}")
         if self.pef_keep not in ("all", "one"):
             raise ValueError(f"pef_keep must be 'all' or 'one', got {self.pef_keep!r}")
         if self.pef_batch_size is None:

@@ -18,23 +18,29 @@ class DPHSplit:
     stats: dict = field(default_factory=dict)
 
 
-def dph_split(dataset, threshold: int, keep: str = "all", refine_rewards: Sequence[float] | None = None) -> DPHSplit:
+def dph_split(dataset, threshold: int, keep: str = "all", refine_rewards: Sequence[float] | None = None, *,
+              reward_index: int | None = None, correct_threshold: float = 1.0) -> DPHSplit:
     """DPH-RL Sec. 4.1: prompts with at least ``threshold`` correct samples (of k) form D_pef, the rest D_exp.
 
     Args:
         dataset: a presampled dataset with ``ref_rewards``, ``ref_completion_ids``, ``ref_completion_logps``.
         threshold: the "t of k" rule (paper recommends k of k).
         keep: ``"all"`` correct completions of a D_pef prompt become rehearsal rows, or ``"one"`` (the first).
-        refine_rewards: optional, one extra sample's reward per prompt (the refinement draw): a D_pef prompt whose
-            extra sample is wrong moves to D_exp.
+        refine_rewards: optional, one extra sample's reward per prompt (the refinement draw, the same reward as
+            decides correctness): a D_pef prompt whose extra sample is wrong moves to D_exp.
+        reward_index: which reward function decides correctness: its column in ``ref_rewards_per_func``; None =
+            the weighted sum ``ref_rewards``.
+        correct_threshold: a sample is correct when that reward is at least this (paper: accuracy reward = 1). NaN
+            (no reward) is never correct.
     Returns:
         :class:`DPHSplit` with ``pef`` rows (``prompt_ids``, ``completion_ids``, ``completion_logps``, ``prompt_index``)
         and ``exp`` = the D_exp rows of ``dataset`` without the presample columns.
     """
     from datasets import Dataset
 
-    missing = [c for c in ("ref_rewards", "ref_completion_ids", "ref_completion_logps", "ref_prompt_ids")
-               if c not in dataset.column_names]
+    needed = ("ref_rewards" if reward_index is None else "ref_rewards_per_func", "ref_completion_ids",
+              "ref_completion_logps", "ref_prompt_ids")
+    missing = [c for c in needed if c not in dataset.column_names]
     if missing:
         raise ValueError(f"dph_split needs a presampled dataset with {missing} (presample with "
                          "record_completion_logps=True)")
@@ -45,14 +51,18 @@ def dph_split(dataset, threshold: int, keep: str = "all", refine_rewards: Sequen
         raise ValueError(f"threshold must be between 1 and k={k} (samples per prompt), got {threshold}")
     if refine_rewards is not None and len(refine_rewards) != len(dataset):
         raise ValueError(f"refine_rewards has {len(refine_rewards)} values for {len(dataset)} prompts")
+    if reward_index is None:
+        decisive = dataset["ref_rewards"]
+    else:
+        decisive = [[per_func[reward_index] for per_func in row] for row in dataset["ref_rewards_per_func"]]
     pef_rows = {"prompt_index": [], "prompt_ids": [], "completion_ids": [], "completion_logps": []}
     exp_index, moved = [], 0
     for i, (rewards, comps, logps, p_ids) in enumerate(zip(
-            dataset["ref_rewards"], dataset["ref_completion_ids"], dataset["ref_completion_logps"],
-            dataset["ref_prompt_ids"], strict=True)):
-        correct = [j for j, r in enumerate(rewards) if r > 0]
+            decisive, dataset["ref_completion_ids"], dataset["ref_completion_logps"], dataset["ref_prompt_ids"],
+            strict=True)):
+        correct = [j for j, r in enumerate(rewards) if r >= correct_threshold]  # False for NaN
         near_perfect = len(correct) >= threshold
-        if near_perfect and refine_rewards is not None and not refine_rewards[i] > 0:
+        if near_perfect and refine_rewards is not None and not refine_rewards[i] >= correct_threshold:
             near_perfect, moved = False, moved + 1
         if not near_perfect:
             exp_index.append(i)

@@ -21,10 +21,11 @@ from trl import GRPOTrainer
 from .. import losses
 from .._checkpoint import CheckpointStateMixin
 from .._citations import DPH, paper
-from .._common import resolve_config
+from .._common import check_prompt_ids, resolve_config, sampling_options, trainer_prompt_ids
 from .._reference import frozen_copy_of_policy
 from ..generation import pack_prompt_completion
 from ..presample import PresampleConfig, check_presample_options, presample
+from ..presample.metadata import presample_metadata
 from .config import DPHConfig
 from .split import dph_split
 
@@ -53,8 +54,11 @@ class DPHTrainer(CheckpointStateMixin, GRPOTrainer):
 
             if not isinstance(self.accelerator.unwrap_model(self.model), PeftModel):
                 self.ref_model = frozen_copy_of_policy(self)
-        split = dph_split(self._presampled(train_dataset), args.pef_threshold, args.pef_keep,
-                          self._refinement_rewards(train_dataset) if args.pef_refine else None)
+        presampled = self._presampled(train_dataset)
+        reward_index = self._correctness_index(presampled)
+        split = dph_split(presampled, args.pef_threshold, args.pef_keep,
+                          self._refinement_rewards(train_dataset, reward_index) if args.pef_refine else None,
+                          reward_index=reward_index, correct_threshold=args.correctness_threshold)
         self.pef_dataset, self.train_dataset, self.split_stats = split.pef, split.exp, split.stats
         if len(self.pef_dataset) == 0:
             if args.require_pef:
@@ -76,11 +80,9 @@ class DPHTrainer(CheckpointStateMixin, GRPOTrainer):
     # -------------------------------------------------------------------------- stage 1: the offline pass ---
     def _presample_config(self, num_samples: int, seed: int) -> PresampleConfig:
         return PresampleConfig(
-            num_samples=num_samples, temperature=self.temperature, top_p=self.args.top_p,
-            top_k=self.args.top_k or 0, max_completion_length=self.max_completion_length,
-            record_prompt_logp=False, record_completion_logps=True, seed=seed,
-            generation_batch_size=max(self.args.per_device_train_batch_size, num_samples),
-            logprob_batch_size=self.args.per_device_train_batch_size, cache_dir=self.args.presample_cache_dir,
+            num_samples=num_samples, **sampling_options(self), record_prompt_logp=False,
+            record_completion_logps=True, seed=seed, generation_batch_size=self.args.presample_generation_batch_size,
+            cache_dir=self.args.presample_cache_dir,
         )
 
     def _fused_scorer(self, ids, mask):
@@ -98,21 +100,46 @@ class DPHTrainer(CheckpointStateMixin, GRPOTrainer):
         try:
             return presample(self.model, self.processing_class, dataset, self.reward_funcs,
                              self._presample_config(num_samples, seed), reward_weights=self.reward_weights.tolist(),
-                             accelerator=self.accelerator, token_logps_fn=self._fused_scorer)
+                             accelerator=self.accelerator, token_logps_fn=self._fused_scorer,
+                             tokenize_fn=lambda prompts: trainer_prompt_ids(self, prompts))
         finally:
             self.model.train(was_training)
 
     def _presampled(self, dataset):
         if all(c in dataset.column_names for c in _PRESAMPLE_COLUMNS):
-            check_presample_options(dataset, num_samples=self.args.num_presamples, temperature=self.temperature)
+            check_presample_options(dataset, num_samples=self.args.num_presamples, **sampling_options(self))
+            check_prompt_ids(self, dataset)
             return dataset
         return self._run_presample(dataset, self.args.num_presamples, self.args.seed)
 
-    def _refinement_rewards(self, dataset):
-        """One extra reference sample per prompt (Sec. 4.1); only D_pef prompts use it."""
+    def _correctness_index(self, presampled) -> int:
+        """Column of ``ref_rewards_per_func`` whose value decides correctness (``correctness_reward``)."""
+        metadata = presample_metadata(presampled) or {}
+        names = metadata.get("reward_funcs") or list(self.reward_func_names)
+        wanted = self.args.correctness_reward
+        if wanted is None:
+            if "accuracy_reward" in names:
+                wanted = "accuracy_reward"
+            elif len(names) == 1:
+                wanted = names[0]
+            else:
+                raise ValueError(f"DPH-RL needs to know which reward decides that a reference sample is correct, "
+                                 f"and none of the reward functions {names} is 'accuracy_reward': set "
+                                 "correctness_reward to one of them (and correctness_threshold, default 1.0)")
+        if wanted not in names:
+            raise ValueError(f"correctness_reward={wanted!r} is not one of the reward functions {names} (the ones "
+                             "the offline pass scored with): set it to one of them")
+        if "ref_rewards_per_func" not in presampled.column_names:
+            raise ValueError("the presampled dataset has no 'ref_rewards_per_func' column (it was made by an older "
+                             "version): presample it again")
+        return names.index(wanted)
+
+    def _refinement_rewards(self, dataset, reward_index: int):
+        """One extra reference sample per prompt (Sec. 4.1), scored by the reward that decides correctness; only
+        D_pef prompts use it."""
         raw = dataset.remove_columns([c for c in dataset.column_names if c.startswith("ref_")])
         extra = self._run_presample(raw, 1, self.args.seed + 1)
-        return [r[0] for r in extra["ref_rewards"]]
+        return [row[0][reward_index] for row in extra["ref_rewards_per_func"]]
 
     # ---------------------------------------------------------------------------------- the D_pef stream ---
     def _extra_state(self) -> dict:

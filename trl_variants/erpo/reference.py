@@ -13,17 +13,19 @@ from ..presample.runner import check_prompt_column
 
 def reference_prompt_logps(
     model, tokenizer, prompts: Sequence, *, temperature: float = 1.0, batch_size: int = 8, max_prompt_length=None,
-    token_logps_fn=None,
+    token_logps_fn=None, tokenize_fn=None,
 ) -> list[float]:
-    """ERPO's ``l_ref(s)`` for every prompt (plain or conversational), tokenized as GRPOTrainer tokenizes them."""
-    ids = tokenize_prompts(tokenizer, prompts, max_prompt_length)
+    """ERPO's ``l_ref(s)`` for every prompt (plain or conversational), tokenized as GRPOTrainer tokenizes them
+    (``tokenize_fn``: a trainer's own tokenization, see :func:`trl_variants.presample.presample`)."""
+    ids = tokenize_fn(list(prompts)) if tokenize_fn is not None else tokenize_prompts(tokenizer, prompts,
+                                                                                      max_prompt_length)
     check_prompt_lengths(ids)
     return prompt_logps_from_ids(model, ids, tokenizer.pad_token_id, temperature, batch_size, token_logps_fn).tolist()
 
 
 def add_reference_prompt_logps(
     dataset, model, tokenizer, *, column: str = REF_PROMPT_LOGP, temperature: float = 1.0, batch_size: int = 8,
-    accelerator=None, token_logps_fn=None, desc: str = "reference prompt log-likelihoods",
+    accelerator=None, token_logps_fn=None, tokenize_fn=None, desc: str = "reference prompt log-likelihoods",
 ):
     """Return ``dataset`` with ``column`` = ``l_ref(s)`` of every row's ``prompt`` (ERPO's pre-computed Query-KL
     term). Under an ``accelerator`` with several processes each computes a contiguous shard and the results are
@@ -42,7 +44,7 @@ def add_reference_prompt_logps(
         idx = mine[start : start + chunk]
         values += reference_prompt_logps(
             model, tokenizer, dataset.select(idx)["prompt"], temperature=temperature, batch_size=batch_size,
-            token_logps_fn=token_logps_fn,
+            token_logps_fn=token_logps_fn, tokenize_fn=tokenize_fn,
         )
         bar.update(len(idx))
     bar.close()

@@ -16,7 +16,7 @@ from trl import GRPOTrainer
 
 from .. import losses
 from .._citations import ERPO, paper
-from .._common import resolve_config
+from .._common import check_prompt_ids, resolve_config, trainer_prompt_ids
 from ..presample import check_presample_options
 from .config import ERPOConfig
 from .reference import add_reference_prompt_logps
@@ -57,6 +57,7 @@ class ERPOTrainer(GRPOTrainer):
             return dataset
         if column in dataset.column_names:  # from `trl-variants presample`, or the user's own
             check_presample_options(dataset, temperature=self.temperature)
+            check_prompt_ids(self, dataset)
             return dataset
 
         def fused_scorer(ids, mask):
@@ -70,6 +71,7 @@ class ERPOTrainer(GRPOTrainer):
             return add_reference_prompt_logps(
                 dataset, self.model, self.processing_class, column=column, temperature=self.temperature,
                 batch_size=self.args.reference_batch_size, accelerator=self.accelerator, token_logps_fn=fused_scorer,
+                tokenize_fn=lambda prompts: trainer_prompt_ids(self, prompts),
             )
 
     # ------------------------------------------------------------------------------------- step 1: weights ---

@@ -11,12 +11,17 @@ from pathlib import Path
 import torch
 
 from .config import PresampleConfig
-from .reward_calls import reward_name
+from .reward_calls import reward_fingerprint, reward_name
 
 
 def _model_fingerprint(model) -> str:
-    """Identity of the model's weights: name, and a hash of a sample of every parameter tensor."""
+    """Identity of the model: its full config and generation config (an edited ``rope_theta`` is another model),
+    and a hash of a sample of every parameter tensor plus its sum (fine-tuned weights are another model)."""
     h = hashlib.sha256(str(getattr(model.config, "_name_or_path", "")).encode())
+    h.update(model.config.to_json_string(use_diff=False).encode())
+    generation_config = getattr(model, "generation_config", None)
+    if generation_config is not None:
+        h.update(generation_config.to_json_string(use_diff=False).encode())
     with torch.no_grad():
         for name, p in model.named_parameters():
             flat = p.detach().reshape(-1)
@@ -28,23 +33,42 @@ def _model_fingerprint(model) -> str:
 
 
 def _tokenizer_fingerprint(tokenizer) -> str:
+    """The whole tokenizer (vocabulary, merges, normalisation) when it is a fast one, its chat template and special
+    tokens (decoding the completions depends on all of them)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
     probe = "\n".join(["What is 4 + 7?", "<|im_start|>", "\\boxed{1}", "  x"])
-    h = hashlib.sha256(json.dumps([tokenizer(probe)["input_ids"], str(getattr(tokenizer, "chat_template", "")),
-                                   tokenizer.pad_token_id, tokenizer.eos_token_id]).encode())
+    body = backend.to_str() if backend is not None else json.dumps(tokenizer(probe)["input_ids"])
+    h = hashlib.sha256(body.encode())
+    h.update(json.dumps([str(getattr(tokenizer, "chat_template", "")), tokenizer.pad_token_id,
+                         tokenizer.eos_token_id, tokenizer.bos_token_id]).encode())
     return h.hexdigest()[:16]
 
 
-def cache_key(model, tokenizer, dataset, config: PresampleConfig, reward_funcs=(), reward_weights=()) -> str:
-    """Key of a pass: model weights, tokenizer, dataset fingerprint, reward functions and result options."""
+def _library_versions() -> dict:
+    from importlib import metadata
+
+    return {pkg: metadata.version(pkg) for pkg in ("torch", "transformers", "trl-variants")}
+
+
+def cache_key(model, tokenizer, dataset, config: PresampleConfig, reward_funcs=(), reward_weights=(), *,
+              prompt_ids=None, backend: str = "hf") -> str:
+    """Key of a pass: everything its result depends on. The model (config and weights), the tokenizer, the exact
+    prompt token ids (chat template and its arguments included), the other dataset columns (rewards read them),
+    each reward function's fingerprint (:func:`reward_fingerprint`; one that cannot be fingerprinted is keyed by
+    name and re-scored on every call), the reward weights, every result option (the computation layout included),
+    the backend that generates, and the versions of the libraries that generate and score."""
     payload = {
         "model": _model_fingerprint(model),
         "tokenizer": _tokenizer_fingerprint(tokenizer),
+        "prompt_ids": None if prompt_ids is None else hashlib.sha256(json.dumps(prompt_ids).encode()).hexdigest(),
         "dataset": getattr(dataset, "_fingerprint", None) or hashlib.sha256(
             json.dumps(dataset.to_dict(), default=str).encode()).hexdigest(),
         "rows": len(dataset),
-        "rewards": [f"{getattr(f, '__module__', '')}.{reward_name(f)}" for f in reward_funcs],
+        "rewards": [reward_fingerprint(f) or f"rescored:{reward_name(f)}" for f in reward_funcs],
         "reward_weights": list(map(float, reward_weights)),
         "options": config.key_options(),
+        "backend": backend,
+        "versions": _library_versions(),
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:20]
 

@@ -9,15 +9,21 @@ COLUMNS = {
     "ref_prompt_ids": "prompt token ids exactly as GRPOTrainer feeds them (list[int])",
     "ref_completion_ids": "N sampled completions, token ids cut after the first EOS (list[list[int]])",
     "ref_completions": "the same completions as text (list[str])",
-    "ref_rewards": "reward of each completion, weighted sum over the reward functions (list[float])",
+    "ref_rewards": "reward of each completion, weighted sum over the reward functions; NaN where every function "
+    "returned None or NaN (the completion is then left out of V_hat and never counts as correct) (list[float])",
+    "ref_rewards_per_func": "each reward function's own value for each completion, NaN for None (list[list[float]]: "
+    "completion x function, in the order of the metadata's reward_funcs)",
     "ref_completion_logps": "per-token reference log-probs of each completion, at the sampling temperature "
     "(list[list[float]]; only with record_completion_logps)",
     "ref_prompt_logp": "l_ref(s): sum of the prompt's token log-probs, first token skipped (float; record_prompt_logp)",
     "ref_value": "V_hat(x) = beta * log mean exp(r / beta) over the N rewards (float; only with value_beta)",
+    "ref_presample_info": "how the pass was made: options, cache key, reward function names (a JSON string, the same "
+    "in every row; trainers check it against their own options)",
 }
 """Columns :func:`presample` adds, and what they hold."""
 
 METADATA_KEY = "trl_variants_presample"
+METADATA_COLUMN = "ref_presample_info"
 
 
 @dataclass
@@ -27,9 +33,14 @@ class PresampleConfig:
     Parameters:
         num_samples: completions per prompt (A*-PO's N, DPH-RL's k); 0 records only prompt log-likelihoods (ERPO).
         greedy: decode greedily instead of sampling (needs num_samples 1; used by evaluation).
-        temperature, top_p, top_k: sampling parameters (top_k 0 = off). Log-probs are of the temperature-scaled
-            distribution, as GRPOTrainer computes them.
-        max_prompt_length: keep the last this many prompt tokens (left truncation); None = no truncation.
+        temperature, top_p, top_k, min_p, repetition_penalty: sampling parameters (top_k 0 = off, min_p 0 = off),
+            as GRPOConfig's. Log-probs are of the temperature-scaled distribution, as GRPOTrainer computes them.
+        generation_kwargs: extra ``GenerationConfig`` arguments, as GRPOConfig's ``generation_kwargs`` (they override
+            the fields above).
+        chat_template_kwargs: extra arguments of ``apply_chat_template`` for conversational prompts, as GRPOConfig's
+            (a trainer passes its own tokenization instead, so the ids are exactly the ones it trains on).
+        max_prompt_length: keep the last this many prompt tokens (left truncation); None = no truncation (as
+            GRPOTrainer 1.16, which does not truncate prompts).
         max_completion_length: maximum new tokens per completion.
         record_prompt_logp: add ``ref_prompt_logp`` (ERPO's l_ref).
         record_completion_logps: add per-token ``ref_completion_logps`` (DPH-RL).
@@ -38,8 +49,12 @@ class PresampleConfig:
         generation_batch_size: sequences (prompt x sample) per ``generate`` call.
         logprob_batch_size: sequences per scoring forward pass.
         shard_size: prompts per cache shard (the unit of resume and of work sharing between processes).
+            These three fix the layout of the computation: a shard is always generated in the same batches, whatever
+            the number of processes, so its samples are a function of (seed, shard, layout). They are part of the
+            cache key (sampled batches draw their random numbers together: another batch size gives other, equally
+            valid samples). Trainers use fixed values, never ones derived from the per-device batch size.
         backend: ``"hf"`` (transformers generate), ``"vllm"`` (needs vllm and a GPU) or ``"auto"`` (vLLM when
-            available, else hf).
+            available, else hf). The backend that actually runs is part of the cache key.
         cache_dir: where shards and the final dataset are stored; None = ``$TRL_VARIANTS_CACHE`` or
             ``~/.cache/trl_variants/presample``. ``use_cache=False`` recomputes and stores nothing.
     """
@@ -49,6 +64,10 @@ class PresampleConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    generation_kwargs: dict | None = None
+    chat_template_kwargs: dict | None = None
     max_prompt_length: int | None = None
     max_completion_length: int = 256
     record_prompt_logp: bool = True
@@ -63,9 +82,8 @@ class PresampleConfig:
     use_cache: bool = True
     show_progress: bool = True
 
-    # fields that do not change the result (excluded from the cache key)
-    _NOT_IN_KEY = ("generation_batch_size", "logprob_batch_size", "backend", "cache_dir", "use_cache",
-                   "show_progress")
+    # fields that do not change the result (excluded from the cache key; the backend that runs is keyed instead)
+    _NOT_IN_KEY = ("backend", "cache_dir", "use_cache", "show_progress")
 
     def __post_init__(self):
         if self.num_samples < 0:
@@ -83,6 +101,12 @@ class PresampleConfig:
             raise ValueError(f"temperature must be > 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+        if not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1] (0 = off), got {self.min_p}")
+        if not self.repetition_penalty > 0:
+            raise ValueError(f"repetition_penalty must be > 0 (1 = off), got {self.repetition_penalty}")
         for name in ("max_completion_length", "generation_batch_size", "logprob_batch_size", "shard_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

@@ -84,7 +84,11 @@ def completion_token_logps(
     return out
 
 
-def check_prompt_lengths(ids):
-    short = [i for i, x in enumerate(ids) if len(x) < 2]
+def check_prompt_lengths(ids, minimum: int = 2):
+    """Refuse prompts with fewer than ``minimum`` tokens (naming the rows): an empty prompt cannot be sampled from,
+    and a one-token prompt has no log-likelihood (its first token is not predicted)."""
+    short = [i for i, x in enumerate(ids) if len(x) < minimum]
     if short:
-        raise ValueError(f"prompts at rows {short[:5]} have fewer than 2 tokens: their log-likelihood is undefined")
+        why = "their log-likelihood is undefined" if minimum > 1 else "there is nothing to generate from"
+        raise ValueError(f"prompts at rows {short[:5]} ({len(short)} in all) have fewer than {minimum} tokens: {why}. "
+                         "Remove empty prompts from the dataset (e.g. dataset.filter(...))")

@@ -3,22 +3,40 @@
 from __future__ import annotations
 
 import json
+import math
+import warnings
 
-from .config import METADATA_KEY, PresampleConfig
+from .config import METADATA_COLUMN, METADATA_KEY, PresampleConfig
 
 
-def with_metadata(dataset, config: PresampleConfig, key: str):
-    info = dataset.info
-    info.description = json.dumps({METADATA_KEY: {"options": config.key_options(), "cache_key": key}})
+def with_metadata(dataset, config: PresampleConfig, key: str, reward_funcs: list[str] = ()):
+    """Record the options and the reward functions' names (the column order of ``ref_rewards_per_func``) where
+    :func:`presample_metadata` reads them back: in the dataset's info (with the cache key), and in the column
+    ``ref_presample_info`` (one JSON string per row), which survives a Hub round trip or a Parquet export (the
+    info's description does not)."""
+    record = {"options": config.key_options(), "reward_funcs": list(reward_funcs)}
+    if METADATA_COLUMN in dataset.column_names:
+        dataset = dataset.remove_columns(METADATA_COLUMN)
+    dataset = dataset.add_column(METADATA_COLUMN, [json.dumps(record, sort_keys=True)] * len(dataset))
+    dataset.info.description = json.dumps({METADATA_KEY: {**record, "cache_key": key}})
     return dataset
+
+
+def presample_metadata(dataset) -> dict | None:
+    """Everything :func:`with_metadata` recorded (None for datasets not made by the pass)."""
+    try:
+        return json.loads(dataset.info.description or "")[METADATA_KEY]
+    except (ValueError, KeyError, TypeError):
+        pass
+    if METADATA_COLUMN in dataset.column_names and len(dataset):
+        return json.loads(dataset[0][METADATA_COLUMN])
+    return None
 
 
 def presample_options(dataset) -> dict | None:
     """The :class:`PresampleConfig` options a presampled dataset was made with (None for other datasets)."""
-    try:
-        return json.loads(dataset.info.description or "")[METADATA_KEY]["options"]
-    except (ValueError, KeyError, TypeError):
-        return None
+    metadata = presample_metadata(dataset)
+    return None if metadata is None else metadata["options"]
 
 
 def check_presample_options(dataset, **expected) -> None:
@@ -26,10 +44,13 @@ def check_presample_options(dataset, **expected) -> None:
     temperature), naming the option, both values and the fix."""
     options = presample_options(dataset)
     if options is None:
+        warnings.warn("the dataset has reference columns but no record of how they were made (no "
+                      f"'{METADATA_COLUMN}' column): their options ({', '.join(expected)}) cannot be checked against "
+                      "the trainer's. Make it with `trl-variants presample` to have them checked", stacklevel=3)
         return
     for name, want in expected.items():
-        have = options.get(name)
-        if want is not None and have != want:
+        have = options.get(name, "<not recorded>")
+        if have != want:
             raise ValueError(f"the presampled dataset was made with {name}={have!r} but the trainer is configured "
                              f"with {want!r}: set the trainer's value to {have!r} or presample again with {want!r}")
 
@@ -38,13 +59,14 @@ def summarize(dataset) -> dict[str, float]:
     """Mean reward, fraction of prompts whose samples are all correct / all wrong, and (if present) mean V_hat."""
     if "ref_rewards" not in dataset.column_names:
         return {}
-    rewards = dataset["ref_rewards"]
+    rewards = [[r for r in rs if not math.isnan(r)] for rs in dataset["ref_rewards"]]  # NaN: no reward
     flat = [r for rs in rewards for r in rs]
     out = {
-        "mean_reward": sum(flat) / len(flat),
-        "frac_all_correct": sum(all(r > 0 for r in rs) for rs in rewards) / len(rewards),
+        "mean_reward": sum(flat) / max(1, len(flat)),
+        "frac_all_correct": sum(bool(rs) and all(r > 0 for r in rs) for rs in rewards) / len(rewards),
         "frac_all_wrong": sum(all(r <= 0 for r in rs) for rs in rewards) / len(rewards),
     }
     if "ref_value" in dataset.column_names:
-        out["mean_value"] = sum(dataset["ref_value"]) / len(dataset)
+        values = [v for v in dataset["ref_value"] if not math.isnan(v)]
+        out["mean_value"] = sum(values) / max(1, len(values))
     return out

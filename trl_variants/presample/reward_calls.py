@@ -2,8 +2,17 @@
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import inspect
+import json
+import marshal
+import math
+import sys
 from collections.abc import Callable, Sequence
+from importlib import metadata
+
+import torch
 
 _TRL_REWARD_KWARGS = {"prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric",
                       "environments", "kwargs"}
@@ -31,16 +40,93 @@ def check_reward_columns(reward_funcs: Sequence[Callable], column_names: Sequenc
                 )
 
 
-def score_completions(reward_funcs, reward_weights, prompts, completions, completion_ids, columns) -> list[float]:
-    """Weighted sum of the reward functions, called with GRPOTrainer's reward signature (``prompts``,
-    ``completions``, ``completion_ids``, every dataset column as a keyword list, ``trainer_state=None``, and no-op
-    ``log_extra`` / ``log_metric``). ``None`` rewards count as 0."""
-    total = [0.0] * len(completions)
-    for func, weight in zip(reward_funcs, reward_weights, strict=True):
+def _as_float(value, func, index) -> float:
+    if value is None:
+        return math.nan
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise TypeError(
+            f"reward function {reward_name(func)!r} returned {value!r} ({type(value).__name__}) for completion "
+            f"{index}: a reward must be a number or None (None: no reward for this completion)") from None
+
+
+def score_completions(reward_funcs, reward_weights, prompts, completions, completion_ids, columns):
+    """Call the reward functions as GRPOTrainer does (``prompts``, ``completions``, ``completion_ids``, every
+    dataset column as a keyword list, ``trainer_state=None``, no-op ``log_extra`` / ``log_metric``).
+
+    Returns ``(total, per_func)``: ``per_func[i][j]`` is function ``j``'s value for completion ``i`` (NaN for None),
+    ``total[i]`` the weighted sum over the functions that gave a value (TRL's ``nansum``), NaN when none did: such a
+    completion has no reward and is left out downstream (TRL warns about the same rows; so does the pass)."""
+    per_func = [[math.nan] * len(reward_funcs) for _ in completions]
+    for j, func in enumerate(reward_funcs):
         values = func(prompts=prompts, completions=completions, completion_ids=completion_ids, trainer_state=None,
                       log_extra=lambda *a, **k: None, log_metric=lambda *a, **k: None, **columns)
         if len(values) != len(completions):
             raise ValueError(f"reward function {reward_name(func)!r} returned {len(values)} values for "
                              f"{len(completions)} completions")
-        total = [t + weight * (0.0 if v is None else float(v)) for t, v in zip(total, values, strict=True)]
-    return total
+        for i, v in enumerate(values):
+            per_func[i][j] = _as_float(v, func, i)
+    total = []
+    for row in per_func:
+        given = [w * v for w, v in zip(reward_weights, row, strict=True) if not math.isnan(v)]
+        total.append(math.fsum(given) if given else math.nan)
+    return total, per_func
+
+
+# Packages whose code decides what a reward function returns for the same text (the math reward's parser and
+# verifier); their versions are part of a reward function's fingerprint.
+_SCORING_PACKAGES = ("math-verify", "latex2sympy2_extended", "sympy", "trl-variants")
+
+
+def _code_digest(namespace: dict) -> str:
+    """A hash of the code that runs, not of the file on disk (which may have been edited since the import): the
+    compiled code of every function and method the module namespace defines, their defaults, and its plain
+    constants."""
+    h = hashlib.sha256()
+    module_name = namespace.get("__name__")
+    for name, obj in sorted(namespace.items()):
+        if inspect.isfunction(obj) and obj.__module__ == module_name:
+            h.update(name.encode() + marshal.dumps(obj.__code__) + repr(obj.__defaults__).encode())
+        elif inspect.isclass(obj) and obj.__module__ == module_name:
+            for attr, member in sorted(vars(obj).items()):
+                if inspect.isfunction(member):
+                    h.update(f"{name}.{attr}".encode() + marshal.dumps(member.__code__))
+        elif isinstance(obj, int | float | str | bool | bytes | tuple | frozenset | type(None)):
+            h.update(f"{name}={obj!r}".encode())
+    return h.hexdigest()
+
+
+def reward_fingerprint(func) -> str | None:
+    """A hash of everything that decides a reward function's values: the compiled code of the module defining it
+    (its helpers and constants included), its qualified name, its plain-data state, and the versions of Python and
+    of the scoring packages. ``None`` when it cannot be fingerprinted (a lambda or closure, a model, state that is
+    not plain data): the pass then re-scores the cached completions on every call instead of trusting them."""
+    if isinstance(func, torch.nn.Module):
+        return None
+    if isinstance(func, functools.partial):
+        inner = reward_fingerprint(func.func)
+        try:
+            bound = json.dumps([func.args, func.keywords], sort_keys=True)
+        except TypeError:
+            return None
+        return None if inner is None else hashlib.sha256((inner + bound).encode()).hexdigest()[:16]
+    target = func if inspect.isfunction(func) or inspect.ismethod(func) else type(func)
+    qualname = getattr(target, "__qualname__", "")
+    # the namespace the code actually runs in (a re-imported module of the same name is another namespace)
+    function = getattr(target, "__func__", target)
+    namespace = getattr(function, "__globals__", None) or vars(inspect.getmodule(target) or object)
+    if not qualname or "<lambda>" in qualname or "<locals>" in qualname or "__name__" not in namespace:
+        return None
+    try:
+        state = json.dumps(vars(func) if target is type(func) else {}, sort_keys=True)
+    except TypeError:
+        return None
+    versions = {"python": sys.version}
+    for pkg in _SCORING_PACKAGES:
+        try:
+            versions[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            versions[pkg] = None
+    payload = json.dumps([namespace["__name__"], qualname, _code_digest(namespace), state, versions], sort_keys=True)
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]

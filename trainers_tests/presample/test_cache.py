@@ -1,0 +1,120 @@
+"""The cache key covers everything that changes a pass's result (issue #16, item 1; issue #13, item 10)."""
+
+import importlib
+import shutil
+import sys
+
+import pytest
+from transformers import AutoModelForCausalLM
+
+from trl_variants.default import DEFAULT_MODEL_PATH, load_default_dataset
+from trl_variants.presample import PresampleConfig, cache_key, presample, runner
+from trl_variants.presample.reward_calls import reward_fingerprint
+from trl_variants.rewards import accuracy_reward
+
+
+def _config(tmp_path, **kw):
+    base = dict(num_samples=2, max_completion_length=40, value_beta=0.5, shard_size=4,
+                cache_dir=str(tmp_path / "cache"), show_progress=False)
+    base.update(kw)
+    return PresampleConfig(**base)
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    """Three level-1 prompts (the tiny model solves them) and three harder ones."""
+    ds = load_default_dataset(n_train=40, n_test=1, seed=5)["train"]
+    easy = [i for i, level in enumerate(ds["level"]) if level == 1][:3]
+    hard = [i for i, level in enumerate(ds["level"]) if level != 1][:3]
+    return ds.select(easy + hard)
+
+
+def _no_generation(monkeypatch):
+    monkeypatch.setattr(runner, "generate_completions",
+                        lambda *a, **k: pytest.fail("generation ran: the cache should have answered"))
+
+
+def _reward_module(tmp_path, body: str, name="my_reward_mod"):
+    """A reward function in a module file on disk, so that its source can be edited like a user edits theirs."""
+    folder = tmp_path / "mods"
+    folder.mkdir(exist_ok=True)
+    (folder / f"{name}.py").write_text(body)
+    sys.path.insert(0, str(folder))
+    try:
+        sys.modules.pop(name, None)
+        importlib.invalidate_caches()
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(folder))
+
+
+REWARD_V1 = "def my_reward(completions, **kw):\n    return [1.0 for _ in completions]\n"
+REWARD_V2 = "def my_reward(completions, **kw):\n    return [0.25 for _ in completions]\n"
+
+
+def test_edited_reward_function_is_rescored_not_served_stale(tmp_path, prompts, tiny_model, tiny_tokenizer,
+                                                             monkeypatch):
+    v1 = _reward_module(tmp_path, REWARD_V1).my_reward
+    first = presample(tiny_model, tiny_tokenizer, prompts, v1, _config(tmp_path))
+    assert {r for rs in first["ref_rewards"] for r in rs} == {1.0}
+    v2 = _reward_module(tmp_path, REWARD_V2).my_reward  # same module, same name, new code
+    assert reward_fingerprint(v1) != reward_fingerprint(v2)
+    second = presample(tiny_model, tiny_tokenizer, prompts, v2, _config(tmp_path))
+    assert {r for rs in second["ref_rewards"] for r in rs} == {0.25}
+    assert second["ref_value"] == pytest.approx([0.25] * len(prompts))
+    # the same code again is a hit: nothing is generated
+    _no_generation(monkeypatch)
+    again = presample(tiny_model, tiny_tokenizer, prompts, _reward_module(tmp_path, REWARD_V2).my_reward,
+                      _config(tmp_path))
+    assert again["ref_rewards"] == second["ref_rewards"]
+
+
+def test_unfingerprintable_reward_reuses_samples_and_rescores(tmp_path, prompts, tiny_model, tiny_tokenizer,
+                                                              monkeypatch):
+    scale = {"value": 1.0}
+
+    def closure_reward(completions, solution, **kw):  # a closure: its behaviour depends on state outside its code
+        return [scale["value"] * r for r in accuracy_reward(completions, solution)]
+
+    assert reward_fingerprint(closure_reward) is None and reward_fingerprint(lambda c, **k: c) is None
+    assert reward_fingerprint(accuracy_reward) is not None
+    first = presample(tiny_model, tiny_tokenizer, prompts, closure_reward, _config(tmp_path))
+    assert any(r == 1.0 for rs in first["ref_rewards"] for r in rs)
+    scale["value"] = 3.0
+    _no_generation(monkeypatch)  # the samples come from the cache...
+    second = presample(tiny_model, tiny_tokenizer, prompts, closure_reward, _config(tmp_path))
+    assert second["ref_completion_ids"] == first["ref_completion_ids"]
+    # ...and the rewards are computed again, by the function as it is now
+    assert second["ref_rewards"] == [[3.0 * r for r in rs] for rs in first["ref_rewards"]]
+
+
+def test_edited_model_config_is_a_miss(tmp_path, prompts, tiny_tokenizer):
+    """config.json edited in place (same weights, same path): other log-likelihoods, so another key."""
+    folder = tmp_path / "model"
+    shutil.copytree(DEFAULT_MODEL_PATH, folder)
+    config = _config(tmp_path, num_samples=0, value_beta=None)
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    before = presample(model, tiny_tokenizer, prompts, [], config)
+    text = (folder / "config.json").read_text()
+    assert '"rope_theta": 10000.0' in text
+    (folder / "config.json").write_text(text.replace('"rope_theta": 10000.0', '"rope_theta": 123.0'))
+    edited = AutoModelForCausalLM.from_pretrained(folder)
+    assert edited.config.rope_parameters["rope_theta"] == 123.0
+    assert cache_key(model, tiny_tokenizer, prompts, config) != cache_key(edited, tiny_tokenizer, prompts, config)
+    after = presample(edited, tiny_tokenizer, prompts, [], config)
+    assert after["ref_prompt_logp"] != pytest.approx(before["ref_prompt_logp"], abs=1e-3)
+
+
+def test_layout_and_tokenization_are_in_the_key(prompts, tiny_model, tiny_tokenizer):
+    """Samples depend on the generation batch (one RNG draw per batch): a pass cached with one layout must not be
+    served to a run with another. The prompt ids (chat template, its kwargs) are in the key too."""
+    base = PresampleConfig(num_samples=2, value_beta=0.5)
+    key = cache_key(tiny_model, tiny_tokenizer, prompts, base, [accuracy_reward], [1.0])
+    for other in (dict(generation_batch_size=32), dict(logprob_batch_size=4), dict(shard_size=8),
+                  dict(min_p=0.1), dict(repetition_penalty=1.1), dict(generation_kwargs={"top_a": 1})):
+        changed = PresampleConfig(num_samples=2, value_beta=0.5, **other)
+        assert cache_key(tiny_model, tiny_tokenizer, prompts, changed, [accuracy_reward], [1.0]) != key, other
+    ids = [[1, 2, 3]] * len(prompts)
+    assert cache_key(tiny_model, tiny_tokenizer, prompts, base, [accuracy_reward], [1.0], prompt_ids=ids) != \
+        cache_key(tiny_model, tiny_tokenizer, prompts, base, [accuracy_reward], [1.0], prompt_ids=[[1, 2]] * 6)
+    assert cache_key(tiny_model, tiny_tokenizer, prompts, base, [accuracy_reward], [1.0], backend="vllm") != key
