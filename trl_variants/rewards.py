@@ -2,19 +2,71 @@
 
 Completions may be plain strings or conversational (``[{"role": "assistant", "content": ...}]``), as GRPOTrainer
 passes them. Neither function ever raises on malformed model output: such output scores 0.0.
+
+Every accuracy reward call is bounded in time, in any thread (docs/reliability.md, "Reward time bound"):
+
+* the last ``\\boxed{...}`` is found in one linear pass (:func:`last_boxed`);
+* a cheap pre-screen (:func:`prescreen`) refuses answers that would only make sympy compute for minutes
+  (longer than ``MAX_ANSWER_CHARS``, a numeric exponent or tower above ``MAX_EXPONENT``, a factorial above
+  ``MAX_FACTORIAL``); no answer of a math data set comes near these limits;
+* math-verify runs in a persistent worker process (started lazily, reused, killed at interpreter exit) with a
+  per-completion deadline (``REWARD_TIMEOUT_SECONDS``, environment variable ``TRL_VARIANTS_REWARD_TIMEOUT``,
+  or :func:`make_accuracy_reward`): Python-level work is interrupted inside the worker, and a worker stuck in
+  C code (a big-integer power holds the GIL) is killed and replaced by a warm spare.
+
+A refused or timed-out completion scores 0.0, is counted in the ``<name>/timeouts`` metric (TRL's
+``log_metric``), and is reported in the log by count and length only, never by its text.
 """
 
 from __future__ import annotations
 
+import atexit
+import json
+import logging
+import math
+import os
 import re
+import subprocess
+import sys
 import threading
 from functools import lru_cache
 
-from math_verify import parse, verify
+__all__ = [
+    "accuracy_reward", "format_reward", "last_boxed", "completion_text", "REWARD_FUNCS", "AccuracyReward",
+    "make_accuracy_reward", "prescreen", "shutdown_reward_workers", "REWARD_TIMEOUT_SECONDS",
+]
 
-__all__ = ["accuracy_reward", "format_reward", "last_boxed", "completion_text", "REWARD_FUNCS"]
+logger = logging.getLogger(__name__)
 
 _BOXED = "\\boxed{"
+
+
+def _timeout_from_env(environ) -> float:
+    """The default per-completion time bound: ``TRL_VARIANTS_REWARD_TIMEOUT`` (seconds) or 5."""
+    raw = environ.get("TRL_VARIANTS_REWARD_TIMEOUT", "").strip()
+    if not raw:
+        return 5.0
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not value > 0 or math.isinf(value):
+        raise ValueError(f"TRL_VARIANTS_REWARD_TIMEOUT must be a positive number of seconds, got {raw!r}")
+    return value
+
+
+# Seconds math-verify may spend on one completion (parse and verify) before it scores 0 as a timeout.
+REWARD_TIMEOUT_SECONDS = _timeout_from_env(os.environ)
+# Pre-screen limits: answers beyond them are refused (scored 0, counted as timeouts) without math-verify.
+MAX_ANSWER_CHARS = 1000
+MAX_EXPONENT = 10**6
+MAX_FACTORIAL = 10**5
+# The worker interrupts Python-level work at this fraction of the bound (the worker survives); the parent
+# kills a worker that has not answered at the full bound (C-level work that never returns to the interpreter).
+_SOFT_FRACTION = 0.8
+_STARTUP_TIMEOUT = 120.0  # seconds a new worker may take to import math-verify before the call fails
+_MAX_IDLE_WORKERS = 4
+_RESULT_CACHE_SIZE = 1 << 16
 
 
 def completion_text(completion) -> str:
@@ -27,51 +79,510 @@ def completion_text(completion) -> str:
     return ""
 
 
+_BRACE = re.compile(r"[{}]")
+
+
 def last_boxed(text: str) -> str | None:
-    """Content of the last balanced ``\\boxed{...}`` in ``text``, or None when there is none."""
-    start = text.rfind(_BOXED)
-    while start != -1:
-        depth, i = 1, start + len(_BOXED)
-        while i < len(text) and depth:
-            depth += {"{": 1, "}": -1}.get(text[i], 0)
-            i += 1
-        if depth == 0:
-            return text[start + len(_BOXED) : i - 1]
-        start = text.rfind(_BOXED, 0, start)  # unbalanced: try an earlier one
+    """Content of the last balanced ``\\boxed{...}`` in ``text``, or None when there is none.
+
+    One right-to-left pass over the braces, O(len(text)): a ``{`` is balanced when a ``}`` after it closes it
+    (every brace counts, as in a depth scan), and the first balanced ``\\boxed{`` met from the right is the
+    last one.
+    """
+    if _BOXED not in text:
+        return None
+    end = len(text) - 1
+    closers: list[int] = []  # positions of the '}' not yet matched, the nearest last
+    for m in _BRACE.finditer(text[::-1]):
+        pos = end - m.start()
+        if text[pos] == "}":
+            closers.append(pos)
+        elif closers:
+            close = closers.pop()
+            if pos >= 6 and text.startswith("\\boxed", pos - 6):
+                return text[pos + 1 : close]
     return None
 
 
-def _timeouts():
-    # math-verify's timeouts use signal.alarm, which only works in the main thread.
-    return 5 if threading.current_thread() is threading.main_thread() else None
+# ``^`` then an exponent that starts with a number or a tower of numbers: ``^7``, ``^{10^{9}}``, ``^{9^{9}}``.
+_EXPONENT = re.compile(r"\^\s*(?:\{\s*)?(\d+(?:\s*\^\s*(?:\{\s*)?\d+)*)")
+_FACTORIAL = re.compile(r"(?<!\d)(\d+)\s*\}?\s*!")
+_DIGITS = re.compile(r"\d+")
+_BIG = 10**18
+
+
+def _number(digits: str) -> float:
+    digits = digits.lstrip("0") or "0"
+    return int(digits) if len(digits) <= 18 else math.inf
+
+
+def _tower_value(numbers: list[str]) -> float:
+    """``n0 ^ (n1 ^ (... ))``, exact up to 10**18, ``math.inf`` beyond."""
+    value = _number(numbers[-1])
+    for digits in reversed(numbers[:-1]):
+        base = _number(digits)
+        if value == 0:
+            value = 1
+        elif base <= 1:
+            value = base
+        elif math.isinf(value) or math.isinf(base) or value * math.log10(base) > 18:
+            value = math.inf
+        else:
+            value = base**value
+    return value if value <= _BIG else math.inf
+
+
+def prescreen(answer: str) -> str | None:
+    """Why the boxed ``answer`` is refused without running math-verify (``"length"``, ``"exponent"``,
+    ``"factorial"``), or None when it is scored normally.
+
+    Refused: more than ``MAX_ANSWER_CHARS`` characters (a degenerate loop inside the box); a power whose
+    exponent is a number or a tower of numbers above ``MAX_EXPONENT`` (``9^{9^{9}}``, ``2^{10^{9}}``: sympy
+    evaluates them exactly, for minutes); a factorial of a number above ``MAX_FACTORIAL``. Linear in the
+    answer. The time bound does not rely on this: it only saves the bound's wait (or a restart) per such
+    answer.
+    """
+    if len(answer) > MAX_ANSWER_CHARS:
+        return "length"
+    for m in _EXPONENT.finditer(answer):
+        if _tower_value(_DIGITS.findall(m.group(1))) > MAX_EXPONENT:
+            return "exponent"
+    for m in _FACTORIAL.finditer(answer):
+        if _number(m.group(1)) > MAX_FACTORIAL:
+            return "factorial"
+    return None
 
 
 @lru_cache(maxsize=65536)
-def _parse_gold(solution: str):
-    boxed = last_boxed(solution)  # a full worked solution: its last \boxed{} is the answer
-    return parse(_BOXED + (solution if boxed is None else boxed) + "}", parsing_timeout=_timeouts())
+def _parse_gold(solution: str) -> str:
+    """The LaTeX math-verify parses for a gold solution: a full worked solution is reduced to its last boxed
+    answer, a bare answer is boxed. (The parse itself runs, cached, in the worker.)"""
+    boxed = last_boxed(solution)
+    return _BOXED + (solution if boxed is None else boxed) + "}"
 
 
-def _is_correct(text: str, solution: str) -> float:
-    answer = last_boxed(text)
-    if answer is None or not answer.strip():
-        return 0.0  # no \boxed{}: math-verify would fall back to the last number, which we do not reward
+# --- math-verify, in the worker process --------------------------------------------------------------------
+
+
+@lru_cache(maxsize=65536)
+def _parse_gold_latex(latex: str, timeout):
+    from math_verify import parse
+
+    return parse(latex, parsing_timeout=timeout)
+
+
+def _verify_pair(gold_latex: str, pred_latex: str, timeout=None) -> float:
+    """1.0 when math-verify finds the two boxed answers equal. ``timeout``: math-verify's own (signal-based,
+    main thread only) timeouts; None in the worker, which bounds time itself."""
+    from math_verify import parse, verify
+
+    gold = _parse_gold_latex(gold_latex, timeout)
+    pred = parse(pred_latex, parsing_timeout=timeout)
+    return float(bool(gold) and bool(pred) and verify(gold, pred, timeout_seconds=timeout))
+
+
+class _SoftTimeout(BaseException):
+    """Raised by the worker's alarm; a BaseException so that sympy's and math-verify's ``except Exception`` do
+    not swallow it."""
+
+
+def _limit_cpu(seconds: float) -> None:
+    """Backstop for an orphaned worker stuck in C code: the kernel ends it after ``seconds`` more CPU time."""
     try:
-        gold = _parse_gold(str(solution))
-        pred = parse(_BOXED + answer + "}", parsing_timeout=_timeouts())
-        return float(bool(gold) and bool(pred) and verify(gold, pred, timeout_seconds=_timeouts()))
-    except Exception:  # noqa: BLE001 - a reward never crashes training on malformed output
+        import resource
+
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        hard = resource.getrlimit(resource.RLIMIT_CPU)[1]
+        soft = int(usage.ru_utime + usage.ru_stime + seconds) + 2
+        if hard != resource.RLIM_INFINITY:
+            soft = min(soft, hard)
+        resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
+    except (ImportError, OSError, ValueError):
+        pass
+
+
+def _worker_main() -> None:
+    """The worker's loop: read ``(timeout, [(gold_latex, pred_latex), ...])`` on stdin, answer each pair on
+    the original stdout as soon as it is scored (1.0, 0.0, or None when interrupted at the soft deadline)."""
+    import signal
+    from multiprocessing.connection import Connection
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    out = os.dup(1)
+    devnull = os.open(os.devnull, os.O_RDWR)
+    os.dup2(devnull, 1)  # nothing math-verify or sympy prints (answers included) reaches a log or the pipe
+    os.dup2(devnull, 2)
+    reader, writer = Connection(0, writable=False), Connection(out, readable=False)
+    try:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # a worker ended by RLIMIT_CPU leaves no core file
+    except (ImportError, OSError, ValueError):
+        pass
+    try:
+        logging.disable(logging.CRITICAL)
+        _verify_pair("\\boxed{1}", "\\boxed{1}")  # imports math-verify and builds its regexes
+    except BaseException as e:  # noqa: BLE001 - reported to the parent, which raises it
+        writer.send(("error", f"{type(e).__name__}: {e}"))
+        return
+    writer.send(("ready", os.getpid()))
+
+    def alarm(signum, frame):
+        raise _SoftTimeout
+
+    signal.signal(signal.SIGALRM, alarm)
+    while True:
+        try:
+            timeout, tasks = reader.recv()
+        except (EOFError, OSError):  # the parent is gone
+            return
+        for gold_latex, pred_latex in tasks:
+            _limit_cpu(timeout)
+            try:
+                signal.setitimer(signal.ITIMER_REAL, _SOFT_FRACTION * timeout)
+                try:
+                    result = _verify_pair(gold_latex, pred_latex)
+                finally:
+                    signal.setitimer(signal.ITIMER_REAL, 0)
+            except _SoftTimeout:
+                result = None
+            except Exception:  # noqa: BLE001 - malformed output scores 0
+                result = 0.0
+            writer.send(result)
+
+
+# Runs rewards.py itself as a standalone module (not the package: no torch import) with the parent's sys.path.
+_WORKER_BOOT = (
+    "import importlib.util, json, sys\n"
+    "sys.path[:] = json.loads(sys.argv[2])\n"
+    "if hasattr(sys, 'set_int_max_str_digits'): sys.set_int_max_str_digits(int(sys.argv[3]))\n"
+    "spec = importlib.util.spec_from_file_location('_trl_variants_reward_worker', sys.argv[1])\n"
+    "module = importlib.util.module_from_spec(spec)\n"
+    "spec.loader.exec_module(module)\n"
+    "module._worker_main()\n"
+)
+
+
+# --- the worker processes, from the parent -----------------------------------------------------------------
+
+
+class _Worker:
+    """One worker process (``subprocess``: fork+exec, safe in a process with threads) and its two pipes."""
+
+    def __init__(self):
+        from multiprocessing.connection import Connection
+
+        to_child_r, to_child_w = os.pipe()
+        from_child_r, from_child_w = os.pipe()
+        digits = sys.get_int_max_str_digits() if hasattr(sys, "get_int_max_str_digits") else 0
+        path = json.dumps([p for p in sys.path if isinstance(p, str)])
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c", _WORKER_BOOT, os.path.abspath(__file__), path, str(digits)],
+                stdin=to_child_r, stdout=from_child_w, stderr=subprocess.DEVNULL, close_fds=True,
+            )
+        except BaseException:
+            os.close(to_child_w)
+            os.close(from_child_r)
+            raise
+        finally:
+            os.close(to_child_r)
+            os.close(from_child_w)
+        self._send = Connection(to_child_w, readable=False)
+        self._recv = Connection(from_child_r, writable=False)
+        self.ready = False
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def started(self) -> bool:
+        """Its start message is waiting (``wait_ready`` will not block)."""
+        return self._recv.poll(0)
+
+    def wait_ready(self) -> None:
+        if self.ready:
+            return
+        if not self._recv.poll(_STARTUP_TIMEOUT):
+            self.kill()
+            raise RuntimeError(f"the reward worker did not start within {_STARTUP_TIMEOUT:.0f} s")
+        try:
+            kind, detail = self._recv.recv()
+        except (EOFError, OSError):
+            self.kill()
+            raise RuntimeError(f"the reward worker exited at start (exit code {self.proc.poll()})") from None
+        if kind != "ready":
+            self.kill()
+            raise RuntimeError(f"the reward worker could not start: {detail}")
+        self.ready = True
+
+    def send(self, message) -> None:
+        self._send.send(message)
+
+    def result(self, timeout: float):
+        """``("ok", value)`` for the next answer, ``("timeout", None)`` when none came within ``timeout``
+        seconds, ``("dead", None)`` when the worker died."""
+        if not self._recv.poll(max(timeout, 0.0)):
+            return "timeout", None
+        try:
+            return "ok", self._recv.recv()
+        except (EOFError, OSError):
+            return "dead", None
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        self.close()
+
+    def close(self) -> None:
+        self._send.close()
+        self._recv.close()
+
+
+class _Pool:
+    """Worker processes shared by every thread: a call takes an idle worker (or starts one), and one more
+    idle, warm worker is kept so that replacing a killed worker does not wait for an import."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._idle: list[_Worker] = []
+        self._live: set[_Worker] = set()
+        self._closed = False
+
+    def _start(self) -> _Worker:  # with self._lock held
+        if self._closed:
+            raise RuntimeError("the reward workers are shut down (interpreter exit)")
+        worker = _Worker()
+        self._live.add(worker)
+        return worker
+
+    def _acquire(self) -> _Worker:
+        with self._lock:
+            for dead in [w for w in self._idle if not w.alive()]:
+                self._idle.remove(dead)
+                self._live.discard(dead)
+                dead.kill()
+            # a worker that has finished its start first (a spare may still be importing)
+            worker = next((w for w in self._idle if w.ready or w.started()), self._idle[0] if self._idle else None)
+            if worker is not None:
+                self._idle.remove(worker)
+            else:
+                worker = self._start()
+            if not self._idle:
+                self._idle.append(self._start())  # the warm spare
+        try:
+            worker.wait_ready()
+        except BaseException:
+            self._discard(worker)
+            raise
+        return worker
+
+    def _release(self, worker: _Worker) -> None:
+        with self._lock:
+            if worker in self._live and len(self._idle) < _MAX_IDLE_WORKERS and worker.alive():
+                self._idle.append(worker)
+                return
+        self._discard(worker)
+
+    def _discard(self, worker: _Worker) -> None:
+        with self._lock:
+            self._live.discard(worker)
+        worker.kill()
+
+    def run(self, tasks: list[tuple[str, str]], timeout: float) -> list[float | None]:
+        """Score ``(gold_latex, pred_latex)`` pairs in order; None for a pair that exceeded ``timeout``
+        seconds (or whose worker died). Each pair waits at most ``timeout`` seconds for its answer."""
+        results: list[float | None] = [None] * len(tasks)
+        i = 0
+        worker = self._acquire()
+        try:
+            while i < len(tasks):
+                try:
+                    worker.send((timeout, tasks[i:]))
+                except OSError:  # died since its last use: this pair is lost with it
+                    i += 1
+                    self._discard(worker)
+                    worker = self._acquire()
+                    continue
+                while i < len(tasks):
+                    status, value = worker.result(timeout)
+                    if status == "ok":
+                        results[i] = value
+                        i += 1
+                        continue
+                    i += 1  # timed out or died: scored None, the rest go to a fresh worker
+                    self._discard(worker)
+                    worker = self._acquire()
+                    break
+        except BaseException:
+            self._discard(worker)  # it may still be working on this call's pairs
+            raise
+        self._release(worker)
+        return results
+
+    def shutdown(self, final: bool = False) -> None:
+        with self._lock:
+            workers, self._live, self._idle = list(self._live), set(), []
+            self._closed = self._closed or final
+        for worker in workers:
+            worker.kill()
+
+    def forget_after_fork(self) -> None:
+        """In a forked child: the workers belong to the parent; close this process's copies of their pipes."""
+        self._lock = threading.Lock()
+        for worker in self._live:
+            worker.close()
+            _ABANDONED.append(worker)  # never garbage-collected here: a Popen finalizer would wait for them
+        self._live, self._idle = set(), []
+
+    def pids(self) -> list[int]:
+        with self._lock:
+            return sorted(w.pid for w in self._live)
+
+
+_POOL = _Pool()
+_ABANDONED: list[_Worker] = []
+atexit.register(_POOL.shutdown, True)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_POOL.forget_after_fork)
+
+
+def shutdown_reward_workers() -> None:
+    """Kill the reward worker processes now (they also die at interpreter exit); a later call starts new
+    ones."""
+    _POOL.shutdown()
+
+
+class _ResultCache:
+    """Scores of ``(gold_latex, pred_latex)`` pairs already verified (math-verify is deterministic); timeouts
+    are not cached."""
+
+    def __init__(self, size: int):
+        self._size, self._data, self._lock = size, {}, threading.Lock()
+
+    def get(self, key):
+        with self._lock:
+            return self._data.get(key)
+
+    def put(self, key, value: float) -> None:
+        with self._lock:
+            if len(self._data) >= self._size:
+                self._data.pop(next(iter(self._data)))
+            self._data[key] = value
+
+    def clear(self) -> None:
+        with self._lock:
+            self._data.clear()
+
+
+_RESULTS = _ResultCache(_RESULT_CACHE_SIZE)
+
+
+def _verify_pairs(tasks: list[tuple[str, str]], timeout: float) -> list[float | None]:
+    if os.name != "posix":  # no worker: math-verify's own timeouts, main thread only
+        limit = max(1, math.ceil(timeout)) if threading.current_thread() is threading.main_thread() else None
+        return [_safe_verify(gold, pred, limit) for gold, pred in tasks]
+    return _POOL.run(tasks, timeout)
+
+
+def _safe_verify(gold_latex: str, pred_latex: str, timeout) -> float:
+    try:
+        return _verify_pair(gold_latex, pred_latex, timeout)
+    except Exception:  # noqa: BLE001
         return 0.0
+
+
+def _score(completions, solution, *, timeout: float, screen: bool, name: str, log_metric) -> list[float]:
+    if len(completions) != len(solution):
+        raise ValueError(f"{name} got {len(completions)} completions but {len(solution)} solutions")
+    scores = [0.0] * len(completions)
+    refused: list[int] = []
+    pending: dict[tuple[str, str], list[int]] = {}
+    answer_chars: dict[int, int] = {}
+    for i, (completion, gold) in enumerate(zip(completions, solution, strict=True)):
+        answer = last_boxed(completion_text(completion))
+        if answer is None or not answer.strip():
+            continue  # no \boxed{}: math-verify would fall back to the last number, which we do not reward
+        answer_chars[i] = len(answer)
+        if screen and prescreen(answer) is not None:
+            refused.append(i)
+            continue
+        key = (_parse_gold(str(gold)), _BOXED + answer + "}")
+        cached = _RESULTS.get(key)
+        if cached is not None:
+            scores[i] = cached
+        else:
+            pending.setdefault(key, []).append(i)
+    timed_out: list[int] = []
+    if pending:
+        keys = list(pending)
+        for key, value in zip(keys, _verify_pairs(keys, timeout), strict=True):
+            if value is None:
+                timed_out.extend(pending[key])
+                continue
+            _RESULTS.put(key, value)
+            for i in pending[key]:
+                scores[i] = value
+    if log_metric is not None:
+        log_metric(f"{name}/timeouts", float(len(refused) + len(timed_out)))
+        log_metric(f"{name}/timeouts_prescreened", float(len(refused)))
+    if refused or timed_out:
+        lengths = sorted(answer_chars[i] for i in refused + timed_out)
+        shown = lengths if len(lengths) <= 8 else f"{lengths[0]}..{lengths[-1]}"
+        logger.warning(
+            "%s: %d of %d completions scored 0 by the %.3g s time bound (%d refused by the pre-screen, %d "
+            "timed out); boxed answer lengths %s characters", name, len(refused) + len(timed_out),
+            len(completions), timeout, len(refused), len(timed_out), shown,
+        )
+    return scores
 
 
 def accuracy_reward(completions, solution, **kwargs) -> list[float]:
     """1.0 when the last ``\\boxed{}`` answer of a completion equals the gold ``solution`` (math-verify), else 0.0.
 
     ``solution`` is the dataset's gold column: a bare answer (``"52"``) or LaTeX containing ``\\boxed{}``.
+    Each completion is bounded by ``REWARD_TIMEOUT_SECONDS`` (:func:`make_accuracy_reward` for another bound).
     """
-    if len(completions) != len(solution):
-        raise ValueError(f"accuracy_reward got {len(completions)} completions but {len(solution)} solutions")
-    return [_is_correct(completion_text(c), s) for c, s in zip(completions, solution, strict=True)]
+    return _score(completions, solution, timeout=REWARD_TIMEOUT_SECONDS, screen=True, name="accuracy_reward",
+                  log_metric=kwargs.get("log_metric"))
+
+
+class AccuracyReward:
+    """:func:`accuracy_reward` with its own per-completion time bound, as a picklable TRL reward function (a
+    ``__name__``, plain-data state). Build it with :func:`make_accuracy_reward`."""
+
+    def __init__(self, timeout_seconds: float | None = None, prescreen: bool = True,
+                 name: str = "accuracy_reward"):
+        if timeout_seconds is not None and not (0 < timeout_seconds < math.inf):
+            raise ValueError(f"timeout_seconds must be a positive number of seconds, got {timeout_seconds!r}")
+        self.timeout_seconds = None if timeout_seconds is None else float(timeout_seconds)
+        self.prescreen = bool(prescreen)
+        self.__name__ = name
+
+    def __call__(self, completions, solution, **kwargs) -> list[float]:
+        timeout = REWARD_TIMEOUT_SECONDS if self.timeout_seconds is None else self.timeout_seconds
+        return _score(completions, solution, timeout=timeout, screen=self.prescreen, name=self.__name__,
+                      log_metric=kwargs.get("log_metric"))
+
+    def __repr__(self) -> str:
+        return (f"AccuracyReward(timeout_seconds={self.timeout_seconds}, prescreen={self.prescreen}, "
+                f"name={self.__name__!r})")
+
+
+def make_accuracy_reward(timeout_seconds: float | None = None, *, prescreen: bool = True,
+                         name: str = "accuracy_reward") -> AccuracyReward:
+    """The accuracy reward with a per-completion time bound of ``timeout_seconds`` seconds (None:
+    ``REWARD_TIMEOUT_SECONDS``).
+
+    ``prescreen=False`` sends every answer to math-verify (the bound still holds; pathological answers then
+    cost up to the bound each). ``name`` is the reward's name in TRL's logs and the prefix of its timeout
+    metrics.
+    """
+    return AccuracyReward(timeout_seconds, prescreen, name)
 
 
 _FORMAT = re.compile(r"^[^\\]*\\boxed\{[^{}]+\}\s*$", re.DOTALL)
