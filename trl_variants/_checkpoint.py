@@ -1,40 +1,201 @@
-"""Extra trainer state saved in every checkpoint and restored on resume (the way GRPOTrainer keeps its adaptive
-entropy controller): a JSON file ``trl_variants_state.json`` beside the optimizer state."""
+"""What every checkpoint of the four trainers carries, and how a resume checks and restores it.
+
+Each checkpoint holds a *record*: the trainer's class name, the config values that must not change across a resume
+(:func:`resume_fields`) and the algorithm state (EEPO's entropy-gate history, DPH-RL's D_pef stream position; empty
+for ERPO and A*-PO). It is written through transformers' public mechanism, a ``TrainerCallback`` that is an
+``ExportableState``, so it lives inside the checkpoint's ``trainer_state.json`` under
+``stateful_callbacks["TrlVariantsCheckpoint"]``.
+
+Why that mechanism fits (transformers 5.23, ``Trainer._save_checkpoint``): the model, optimizer, scheduler, scaler and
+RNG states are saved first; then the ``state()`` of every ``ExportableState`` callback is collected into
+``TrainerState.stateful_callbacks`` and ``trainer_state.json`` is written; only after that come the Hub upload
+(``_push_from_checkpoint``) and the rotation of old checkpoints (``rotate_checkpoints``). So the record is complete
+inside the checkpoint before anything is uploaded or deleted, and a transformers upgrade that keeps the public
+callback API keeps it. ``trainer_state.json`` is the last file of a checkpoint but it is not written atomically
+(``TrainerState.save_to_json`` opens the final path and writes): a save interrupted before or while writing it
+leaves a checkpoint without it or with a truncated one, while the previous checkpoint still exists (rotation had not
+run yet). Such a checkpoint is *incomplete*: ``resume_from_checkpoint=True`` skips it (and renames it
+``_incomplete-checkpoint-N`` so that later rotations and Hub uploads ignore it) and resumes from the last complete
+one; an explicit path to it is refused, naming the file.
+
+Restoring: transformers restores callback states only with ``restore_callback_states_from_checkpoint=True`` (default
+False), and then by re-creating the callback from stored ``args`` / ``attributes``, without the trainer. The record
+must be checked and restored on every resume and before any weights are loaded, so :meth:`CheckpointStateMixin.train`
+reads it itself with the public ``TrainerState.load_from_json`` and only then calls ``Trainer.train``. With
+``restore_callback_states_from_checkpoint=True`` transformers re-creates our callback as well; the new instance finds
+its trainer through :data:`_TRAINING` and keeps working.
+"""
 
 from __future__ import annotations
 
+import contextvars
+import dataclasses
+import enum
 import json
 import os
+import re
+import warnings
 
+from transformers import TrainerCallback, TrainerState
+from transformers.trainer import TRAINER_STATE_NAME
+from transformers.trainer_callback import ExportableState
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+from trl import GRPOConfig
 
-STATE_FILE = "trl_variants_state.json"
+RECORD_FORMAT = 1
+INCOMPLETE_PREFIX = "_incomplete-"  # leading "_": excluded from Hub uploads, and not a "checkpoint-*" folder
+
+# GRPOConfig fields a resume must not change: the optimizer's hyper-parameters (the optimizer and scheduler states in
+# the checkpoint silently override them), what fixes the batches and their order, and GRPO's objective and sampling.
+RESUME_FIELDS = (
+    "learning_rate", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "optim",
+    "seed", "data_seed", "per_device_train_batch_size", "gradient_accumulation_steps", "world_size",
+    "steps_per_generation", "num_generations", "num_iterations", "shuffle_dataset",
+    "beta", "loss_type", "epsilon", "epsilon_high", "scale_rewards", "reward_weights",
+    "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_completion_length",
+)
+# Fields of the trainers' own configs that cannot change the result (every other own field is checked).
+FREE_FIELDS = frozenset({
+    "presample_cache_dir",  # where the offline pass is cached (its key holds what matters)
+    "reference_batch_size",  # batching of ERPO's no-grad reference pass
+    "ref_prompt_logp_column",  # a column name
+    "check_binary_rewards", "require_pef",  # a warning, an error
+})
+
+_CHECKPOINT_DIR = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-(\d+)$")
+# The trainer whose ``train()`` is running: a callback that transformers re-creates on resume (with
+# ``restore_callback_states_from_checkpoint=True``) is constructed without arguments and binds to it.
+_TRAINING: contextvars.ContextVar = contextvars.ContextVar("trl_variants_training", default=None)
+
+
+def _plain(value):
+    """``value`` as it reads back from JSON (enums by value, tuples as lists), for comparing records."""
+    return json.loads(json.dumps(value, default=lambda v: v.value if isinstance(v, enum.Enum) else str(v)))
+
+
+def resume_fields(args) -> dict:
+    """The config values of ``args`` that must be equal in a checkpoint and in the run that resumes it: the common
+    :data:`RESUME_FIELDS` and every field the trainer's config adds to GRPOConfig, except :data:`FREE_FIELDS`."""
+    grpo = {f.name for f in dataclasses.fields(GRPOConfig)}
+    own = [f.name for f in dataclasses.fields(args) if f.name not in grpo and f.name not in FREE_FIELDS]
+    return {name: _plain(getattr(args, name)) for name in (*RESUME_FIELDS, *own) if hasattr(args, name)}
+
+
+class TrlVariantsCheckpoint(TrainerCallback, ExportableState):
+    """Puts the trainer's record into every checkpoint (``state()``, called by ``Trainer._save_checkpoint`` on the
+    saving process). The algorithm state is the same on every process by construction (EEPO's gate averages the
+    entropy over all processes; DPH-RL's D_pef stream is one global stream), so the saving process's is the run's;
+    the two-process tests check both."""
+
+    def __init__(self, trainer=None):
+        self.trainer = trainer if trainer is not None else _TRAINING.get()
+        if self.trainer is None:
+            raise TypeError("TrlVariantsCheckpoint belongs to a trl_variants trainer; it is created by the trainer")
+
+    def state(self) -> dict:
+        trainer = self.trainer
+        return {"format": RECORD_FORMAT, "trainer": type(trainer).__name__, "config": resume_fields(trainer.args),
+                "algorithm_state": trainer._extra_state()}
+
+
+def checkpoint_problem(path: str) -> str | None:
+    """Why ``path`` is not a complete checkpoint (its ``trainer_state.json`` missing or unreadable), else None."""
+    state_file = os.path.join(path, TRAINER_STATE_NAME)
+    if not os.path.isdir(path):
+        return f"{path} is not a directory"
+    if not os.path.isfile(state_file):
+        return f"{state_file} is missing (not a Trainer checkpoint, or its save was interrupted before that file)"
+    try:
+        TrainerState.load_from_json(state_file)
+    except (OSError, ValueError, TypeError) as e:  # json.JSONDecodeError is a ValueError
+        return f"{state_file} is unreadable ({type(e).__name__}: {e}; an interrupted save leaves it so)"
+    return None
 
 
 class CheckpointStateMixin:
-    """Mix into a GRPOTrainer subclass and implement ``_extra_state`` / ``_load_extra_state``."""
+    """Mix into a GRPOTrainer subclass, before GRPOTrainer. Override ``_extra_state`` / ``_load_extra_state`` when the
+    algorithm keeps state between steps (JSON-serialisable)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.add_callback(TrlVariantsCheckpoint(self))
 
     def _extra_state(self) -> dict:
-        raise NotImplementedError
+        return {}
 
     def _load_extra_state(self, state: dict) -> None:
-        raise NotImplementedError
+        if state:
+            raise ValueError(f"{type(self).__name__} keeps no algorithm state, the checkpoint has {sorted(state)}")
 
-    def _save_checkpoint(self, model, trial):
-        super()._save_checkpoint(model, trial)
-        if self.args.should_save:
-            folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
-            with open(os.path.join(folder, STATE_FILE), "w") as f:
-                json.dump(self._extra_state(), f)
+    def train(self, resume_from_checkpoint=None, *args, **kwargs):
+        """``Trainer.train``, after checking that the checkpoint to resume is complete, was written by this trainer
+        with the same :func:`resume_fields`, and restoring its algorithm state."""
+        if resume_from_checkpoint is not None and resume_from_checkpoint is not False:
+            if resume_from_checkpoint is True:
+                resume_from_checkpoint = self._last_complete_checkpoint()
+            self._restore_record(str(resume_from_checkpoint))
+        token = _TRAINING.set(self)
+        try:
+            return super().train(resume_from_checkpoint, *args, **kwargs)
+        finally:
+            _TRAINING.reset(token)
 
-    def _load_optimizer_and_scheduler(self, checkpoint):
-        super()._load_optimizer_and_scheduler(checkpoint)
-        if checkpoint is not None:
-            path = os.path.join(checkpoint, STATE_FILE)
-            if not os.path.exists(path):
-                raise FileNotFoundError(
-                    f"{path} is missing: the checkpoint was not written by {type(self).__name__}, so its algorithm "
-                    "state cannot be restored. Resume from a checkpoint of the same trainer."
-                )
-            with open(path) as f:
-                self._load_extra_state(json.load(f))
+    # ------------------------------------------------------------------------------------------------ resume ---
+    def _last_complete_checkpoint(self) -> str:
+        """The newest complete ``checkpoint-N`` of ``output_dir``; newer incomplete ones are renamed aside."""
+        out = self.args.output_dir
+        found = sorted((int(m.group(1)), name) for name in (os.listdir(out) if os.path.isdir(out) else [])
+                       if (m := _CHECKPOINT_DIR.match(name)) and os.path.isdir(os.path.join(out, name)))
+        if not found:
+            raise ValueError(f"No valid checkpoint found in output directory ({out})")
+        skipped = []
+        for _, name in reversed(found):
+            path = os.path.join(out, name)
+            problem = checkpoint_problem(path)
+            if problem is None:
+                break
+            skipped.append((path, problem))
+        else:
+            raise ValueError(f"no complete checkpoint in {out}: " + "; ".join(why for _, why in skipped) + ". Start a "
+                             "new run without resume_from_checkpoint")
+        for bad, why in skipped:
+            aside = os.path.join(out, INCOMPLETE_PREFIX + os.path.basename(bad))
+            n = 0
+            while os.path.exists(aside):  # an earlier interruption at the same step
+                n += 1
+                aside = os.path.join(out, f"{INCOMPLETE_PREFIX}{os.path.basename(bad)}-{n}")
+            if self.args.should_save:
+                os.rename(bad, aside)
+            warnings.warn(f"{bad} is incomplete: {why}. Resuming from {path}, the last complete checkpoint; the "
+                          f"incomplete one is moved to {aside} (delete it when you no longer need it)", stacklevel=3)
+        return path
+
+    def _restore_record(self, checkpoint: str) -> None:
+        problem = checkpoint_problem(checkpoint)
+        if problem is not None:
+            raise ValueError(f"cannot resume from {checkpoint}: {problem}. Resume from the previous checkpoint, or pass "
+                             "resume_from_checkpoint=True to pick the last complete one")
+        state_file = os.path.join(checkpoint, TRAINER_STATE_NAME)
+        me = type(self).__name__
+        record = TrainerState.load_from_json(state_file).stateful_callbacks.get(TrlVariantsCheckpoint.__name__)
+        if not isinstance(record, dict) or "trainer" not in record:
+            raise ValueError(
+                f"{state_file} has no trl_variants record (stateful_callbacks[{TrlVariantsCheckpoint.__name__!r}]): "
+                f"checkpoint {checkpoint} was not written by {me} (it comes from another trainer, e.g. plain "
+                "GRPOTrainer, or from a trl_variants version that kept its state in trl_variants_state.json). Start a "
+                f"new run without resume_from_checkpoint (model={checkpoint!r} starts it from those weights)")
+        if record.get("format", RECORD_FORMAT) > RECORD_FORMAT:
+            raise ValueError(f"checkpoint {checkpoint} was written by a newer trl_variants (record format "
+                             f"{record['format']}, this version reads {RECORD_FORMAT}): resume it with that version")
+        if record["trainer"] != me:
+            raise ValueError(f"checkpoint {checkpoint} was written by {record['trainer']}; resume it with "
+                             f"{record['trainer']}, or start a new run without resume_from_checkpoint")
+        mine, theirs = resume_fields(self.args), record.get("config", {})
+        changed = [name for name in mine if name in theirs and mine[name] != theirs[name]]
+        if changed:
+            lines = "; ".join(f"{name}: checkpoint {theirs[name]!r}, this run {mine[name]!r}" for name in changed)
+            raise ValueError(
+                f"checkpoint {checkpoint} was written with other settings ({lines}). A resume continues the same run: "
+                f"set {', '.join(changed)} back to the checkpoint's value(s), or start a new run without "
+                f"resume_from_checkpoint (model={checkpoint!r} starts it from those weights)")
+        self._load_extra_state(record.get("algorithm_state", {}))

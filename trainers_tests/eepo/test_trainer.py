@@ -181,7 +181,7 @@ def test_end_to_end_gate_on_save_resume(tmp_path):
     history = list(trainer._entropy_history)
     assert len(history) == 2
     assert "eepo" in (out / "README.md").read_text()
-    kw.update(max_steps=3, entropy_gate="auto")
+    kw.update(max_steps=3)  # a resume must keep entropy_gate (trainers_tests/reliability/test_checkpoints.py)
     resumed = EEPOTrainer(model=DEFAULT_MODEL_PATH, reward_funcs=accuracy_reward,
                           args=small_config(EEPOConfig, tmp_path, **kw), train_dataset=train_dataset())
     resumed.train(resume_from_checkpoint=str(out / "checkpoint-2"))

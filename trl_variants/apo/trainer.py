@@ -20,6 +20,7 @@ from transformers import PreTrainedModel
 from trl import GRPOTrainer
 
 from .. import losses
+from .._checkpoint import CheckpointStateMixin
 from .._citations import APO, paper
 from .._common import check_prompt_ids, resolve_config, sampling_options, trainer_prompt_ids
 from .._reference import frozen_copy_of_policy
@@ -27,7 +28,7 @@ from ..presample import PresampleConfig, check_presample_options, presample
 from .config import APOConfig
 
 
-class APOTrainer(GRPOTrainer):
+class APOTrainer(CheckpointStateMixin, GRPOTrainer):
     """A*-PO. Takes GRPOTrainer's arguments; see [`APOConfig`]."""
 
     _tag_names = ["trl", "a-star-po"]

@@ -15,6 +15,7 @@ import torch
 from trl import GRPOTrainer
 
 from .. import losses
+from .._checkpoint import CheckpointStateMixin
 from .._citations import ERPO, paper
 from .._common import check_prompt_ids, resolve_config, trainer_prompt_ids
 from ..presample import check_presample_options
@@ -22,7 +23,7 @@ from .config import ERPOConfig
 from .reference import add_reference_prompt_logps
 
 
-class ERPOTrainer(GRPOTrainer):
+class ERPOTrainer(CheckpointStateMixin, GRPOTrainer):
     """Environment-Regularized Policy Optimization. Takes exactly GRPOTrainer's arguments; see [`ERPOConfig`]."""
 
     _tag_names = ["trl", "grpo", "erpo"]
