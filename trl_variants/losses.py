@@ -74,15 +74,22 @@ def unlearning_loss(
     Descending U lowers the probability of the sampled tokens. Where ``p`` is clipped the gradient is zero.
     Sequences with no unmasked token are ignored.
     """
+    seq_mean, valid = unlearning_sequence_terms(per_token_logps, completion_mask, eps_low, eps_high)
+    return seq_mean[valid].mean() if valid.any() else seq_mean.sum() * 0.0
+
+
+def unlearning_sequence_terms(
+    per_token_logps: torch.Tensor, completion_mask: torch.Tensor, eps_low: float, eps_high: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The per-sequence terms of :func:`unlearning_loss`: ``(mean_tok -log(1 - clip(p)), has_tokens)`` for each row
+    (so that a batch spread over processes can be averaged over all of its sequences)."""
     if not (0.0 <= eps_low < 1.0 - eps_high <= 1.0):
         raise ValueError(f"need 0 <= eps_low < 1 - eps_high <= 1, got eps_low={eps_low}, eps_high={eps_high}")
     mask = completion_mask.to(per_token_logps.dtype)
     p = torch.exp(per_token_logps).clamp(eps_low, 1.0 - eps_high)
     per_token = -torch.log1p(-p)
     lengths = mask.sum(-1)
-    seq_mean = (per_token * mask).sum(-1) / lengths.clamp(min=1.0)
-    valid = lengths > 0
-    return seq_mean[valid].mean() if valid.any() else per_token.sum() * 0.0
+    return (per_token * mask).sum(-1) / lengths.clamp(min=1.0), lengths > 0
 
 
 # --------------------------------------------------------------------------------------------------- DPH-RL ---

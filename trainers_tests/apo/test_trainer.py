@@ -133,3 +133,32 @@ def test_end_to_end_and_resume_does_not_rerun_stage1(tmp_path, monkeypatch):
     resumed = _apo(tmp_path, **kw)
     resumed.train(resume_from_checkpoint=str(out / "checkpoint-2"))
     assert resumed.state.global_step == 3 and math.isfinite(resumed.state.log_history[-2]["loss"])
+
+
+def test_log_ratio_is_taken_at_the_sampling_temperature(tmp_path):
+    """Issue #13 item 8, decided from the paper (pi_ref is the distribution the samples come from; the authors'
+    ``dp_actor_apo.py`` divides the logits by the rollout temperature for the policy and the reference): at T = 0.7
+    the loss uses log softmax(logits / 0.7), which differs from TRL's A2POTrainer's temperature-1 log-probs."""
+    T, beta2 = 0.7, 0.5
+    apo = _apo(tmp_path, learning_rate=0.0, beta=beta2, temperature=T)
+    inputs, _ = fixed_batch(apo)
+    rewards, values = torch.tensor([1.0, 0.0, 1.0, 0.0]), torch.tensor([0.6, 0.6, 0.3, 0.3])
+    with torch.no_grad():
+        for p in apo.model.parameters():
+            p.add_(0.03 * torch.randn_like(p))
+    loss, _ = _loss_on_fixed_batch(apo, inputs, rewards, values)
+    ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
+    attn = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
+    keep, mask = inputs["completion_ids"].size(1), inputs["completion_mask"]
+
+    def seq_logps(model, temperature):
+        with torch.no_grad():
+            logits = model(input_ids=ids, attention_mask=attn).logits[:, -keep - 1 : -1].float() / temperature
+        return (torch.log_softmax(logits, -1).gather(-1, ids[:, -keep:, None]).squeeze(-1) * mask).sum(-1)
+
+    def formula(temperature):
+        ratio = seq_logps(apo.model, temperature) - seq_logps(apo.ref_model, temperature)
+        return ((beta2 * ratio - (rewards - values)) ** 2).mean().item()
+
+    assert loss.item() == pytest.approx(formula(T), rel=1e-4)
+    assert abs(formula(T) - formula(1.0)) > 1e-3 * abs(formula(1.0))  # the choice matters at this temperature

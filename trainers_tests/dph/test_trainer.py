@@ -222,3 +222,32 @@ def test_reference_samples_do_not_depend_on_the_per_device_batch(tmp_path):
     assert len(a.pef_dataset) > 0
     assert a.pef_dataset.to_dict() == b.pef_dataset.to_dict()
     assert a.train_dataset["prompt"] == b.train_dataset["prompt"]
+
+
+def test_pef_stream_is_one_global_stream_whatever_the_process_count(tmp_path):
+    """Seven rehearsal rows (odd), two rows per process per micro-step: on 2 processes each micro-step rehearses
+    exactly the 4 rows the 1-process stream (4 rows per micro-step) rehearses, wrapping into the next epoch at the
+    same row, and both processes hold the same stream position (issue #13 items 3 and 10)."""
+    from types import SimpleNamespace
+
+    from datasets import Dataset
+
+    dph = _dph(tmp_path)
+    dph.pef_dataset = Dataset.from_dict({"row": list(range(7))})
+    real = dph.accelerator
+
+    def stream(world, rank, per_process, steps):
+        dph.accelerator = SimpleNamespace(num_processes=world, process_index=rank)
+        dph.args.pef_batch_size = per_process
+        dph._pef_epoch, dph._pef_pos = 0, 0
+        try:
+            return [list(dph._next_pef_batch()["row"]) for _ in range(steps)], (dph._pef_epoch, dph._pef_pos)
+        finally:
+            dph.accelerator = real
+
+    one, end_one = stream(1, 0, 4, steps=5)
+    rank0, end0 = stream(2, 0, 2, steps=5)
+    rank1, end1 = stream(2, 1, 2, steps=5)
+    assert [a + b for a, b in zip(rank0, rank1, strict=True)] == one
+    assert end0 == end1 == end_one == (2, 6)  # 20 rows drawn from epochs of 7: two wraps, 6 rows into the third
+    assert sorted(one[0] + one[1][:3]) == list(range(7))  # an epoch is a permutation of all rows

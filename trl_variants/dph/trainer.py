@@ -69,7 +69,7 @@ class DPHTrainer(CheckpointStateMixin, GRPOTrainer):
         if len(self.train_dataset) == 0:
             raise ValueError(f"every prompt is near-perfect ({args.pef_threshold} of {args.num_presamples} correct): "
                              "D_exp is empty and there is nothing to explore. Raise pef_threshold")
-        self._pef_epoch, self._pef_pos = 0, 0  # position of this process in the D_pef stream (checkpointed)
+        self._pef_epoch, self._pef_pos = 0, 0  # position in the global D_pef stream (checkpointed)
         if definition:
             # GRPO computes the rollouts' reference log-probs when beta != 0; its own KL term stays off (the loss
             # below runs GRPO's with beta = 0). beta1 = eta |D_pef| / |D_exp| (App. F, eq. 16).
@@ -149,23 +149,34 @@ class DPHTrainer(CheckpointStateMixin, GRPOTrainer):
         self._pef_epoch, self._pef_pos = state["pef_epoch"], state["pef_pos"]
 
     def _pef_order(self, epoch: int) -> list[int]:
-        """This process's share of a seeded permutation of D_pef for ``epoch``."""
+        """The seeded permutation of D_pef for ``epoch`` (the same on every process)."""
         g = torch.Generator().manual_seed(self.args.seed * 1_000_003 + epoch)
-        perm = torch.randperm(len(self.pef_dataset), generator=g).tolist()
-        share = perm[self.accelerator.process_index :: self.accelerator.num_processes]
-        return share or perm  # fewer rows than processes: every process cycles through all of them
+        return torch.randperm(len(self.pef_dataset), generator=g).tolist()
 
     def _next_pef_batch(self):
-        """The next ``pef_batch_size`` D_pef rows of this process: an infinite, shuffled, sharded stream."""
+        """This process's ``pef_batch_size`` rows of the next global D_pef batch.
+
+        One infinite, shuffled stream for all processes: each micro-step takes the next ``pef_batch_size x
+        num_processes`` rows of it (wrapping into the next epoch's permutation mid-batch) and process ``r`` keeps
+        slice ``r``. So a global step rehearses the same rows with 1 or N processes (same global batch), and every
+        process holds the same stream position (``_pef_epoch``, ``_pef_pos``: checkpointed)."""
+        size, world, rank = self.args.pef_batch_size, self.accelerator.num_processes, self.accelerator.process_index
         rows = []
-        while len(rows) < self.args.pef_batch_size:
+        while len(rows) < size * world:
             order = self._pef_order(self._pef_epoch)
-            take = order[self._pef_pos : self._pef_pos + self.args.pef_batch_size - len(rows)]
+            take = order[self._pef_pos : self._pef_pos + size * world - len(rows)]
             rows += take
             self._pef_pos += len(take)
             if self._pef_pos >= len(order):
                 self._pef_epoch, self._pef_pos = self._pef_epoch + 1, 0
-        return self.pef_dataset.select(rows)
+        return self.pef_dataset.select(rows[rank * size : (rank + 1) * size])
+
+    def _global_token_mean(self, values, mask):
+        """This process's share of the token mean of ``values`` over the global batch: ``sum_local / (N / P)`` with
+        ``N`` the unmasked tokens of all processes. Averaged over processes (as DDP averages gradients) it is the
+        token mean of the whole batch, whatever the number of processes and however the tokens are spread."""
+        n_tokens = self.accelerator.gather(mask.sum().detach().reshape(1)).sum().clamp(min=1.0)
+        return (values * mask).sum() * self.accelerator.num_processes / n_tokens
 
     def _pef_tensors(self, batch):
         device = self.accelerator.device
@@ -196,7 +207,7 @@ class DPHTrainer(CheckpointStateMixin, GRPOTrainer):
         mask = inputs["completion_mask"]
         _, policy_side = losses.js_definition_terms(self._policy_logps - inputs["ref_per_token_logps"])
         self._policy_logps = None
-        kl = (policy_side * mask).sum() / mask.sum().clamp(min=1.0)
+        kl = self._global_token_mean(policy_side, mask)
         mode = "train" if self.model.training else "eval"
         self._metrics[mode]["dph/js_exp_term"].append(self.accelerator.gather(kl.detach()).mean().item())
         scale = self.current_gradient_accumulation_steps if mode == "train" else 1.0
@@ -214,7 +225,7 @@ class DPHTrainer(CheckpointStateMixin, GRPOTrainer):
             f, _ = losses.js_definition_terms(log_u)  # KL(pi_ref || M) on reference samples (eq. 17)
         else:
             f = losses.f_divergence(log_u, self.args.divergence, self.args.divergence_alpha)
-        loss_pef = (f * mask).sum() / mask.sum().clamp(min=1.0)  # token mean over the D_pef batch (eq. 6)
+        loss_pef = self._global_token_mean(f, mask)  # token mean over the global D_pef batch (eq. 6)
         eta, ga = self.args.dph_coef, self.current_gradient_accumulation_steps
         if self.args.loss_combination == "sum":  # eq. 7
             loss = loss_exp + eta * loss_pef / ga

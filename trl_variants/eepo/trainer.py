@@ -10,8 +10,9 @@ For each group of G completions, inside GRPO's generation step (``_generate_sing
    on rollouts that will be logged, stage 1 is re-scored in the same forward to report how much the step lowered it);
 5. restore the weights bit for bit; then GRPO's update on all G completions as usual.
 
-The temporary gradient is taken with ``torch.autograd.grad`` on the unwrapped module: nothing is accumulated into
-``.grad`` and no DDP all-reduce hook fires; the optimizer never sees it.
+The temporary gradient is taken with ``torch.autograd.grad`` on the unwrapped module (nothing is accumulated into
+``.grad``, no DDP hook fires, the optimizer never sees it), of this process's share of the mean over ALL stage-1
+sequences of the global batch, and summed over processes: every process applies the same step (docs/distributed.md).
 """
 
 from __future__ import annotations
@@ -90,11 +91,17 @@ class EEPOTrainer(CheckpointStateMixin, GRPOTrainer):
             c2, lp2 = super()._generate_single_turn(p2, None, {}, half)
             return self._interleave(stage1, stage2, c1, c2, lp1, lp2)
 
-        # 3. one plain gradient step on the rollout weights, lowering p(stage-1 tokens)
+        # 3. one plain gradient step on the rollout weights, lowering p(stage-1 tokens): the gradient of the loss
+        #    over ALL stage-1 sequences of the global batch (mean over sequences), summed over processes, so that
+        #    every process holds the same unlearned model
         params = [p for p in model.parameters() if p.requires_grad]
         snapshot = [p.detach().clone() for p in params]
-        u = losses.unlearning_loss(logps1, mask1, self.args.unlearning_eps_low, self.args.unlearning_eps_high)
-        grads = torch.autograd.grad(u, params, allow_unused=True)
+        seq_terms, has_tokens = losses.unlearning_sequence_terms(
+            logps1, mask1, self.args.unlearning_eps_low, self.args.unlearning_eps_high)
+        n_sequences = self.accelerator.reduce(has_tokens.sum().to(seq_terms.dtype).detach(), "sum").clamp(min=1.0)
+        u = (seq_terms * has_tokens).sum() / n_sequences  # this process's share of the global mean
+        grads = [g if g is None else self.accelerator.reduce(g, "sum")
+                 for g in torch.autograd.grad(u, params, allow_unused=True)]
         before1 = logps1.detach()  # stage-1 log-probs under the policy: the stage-1 old log-probs
         del logps1
         try:
@@ -119,7 +126,7 @@ class EEPOTrainer(CheckpointStateMixin, GRPOTrainer):
             self._sync_vllm()
         n2 = len(p2)  # rows [:n2] are stage 2 (columns past their own completions are masked out)
         old2, mask2, ent2 = after[:n2], mask[:n2], ent[:n2]
-        metrics["eepo/unlearning_loss"].append(self.accelerator.gather(u.detach()).mean().item())
+        metrics["eepo/unlearning_loss"].append(self.accelerator.reduce(u.detach(), "sum").item())
         metrics["eepo/entropy_stage2"].append(self._global_mean(ent2, mask2))
         if measure_drop:
             after1 = after[n2:, : mask1.size(1)]

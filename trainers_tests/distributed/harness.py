@@ -1,0 +1,178 @@
+"""Train one trainer for a few steps on a fixed GLOBAL batch and write what it logged and its final weights, so that a
+run on 1 process and a run on N processes can be compared (issue #13).
+
+    torchrun --nproc_per_node N trainers_tests/distributed/harness.py TRAINER OUT_DIR
+    accelerate launch --config_file configs/accelerate/zero2.yaml trainers_tests/distributed/harness.py TRAINER OUT
+
+What is held fixed across process counts: the global batch (``per_device_train_batch_size = GLOBAL_ROWS / N``), the
+data order (TRL's seeded RepeatSampler over the global batch), the seed, and the completions. Sampling in a batched
+``generate`` call draws the random numbers of all rows together, so the same prompt gets other tokens when the rows
+are split differently over processes; here each row is generated alone, with a seed that is a function of the prompt,
+its occurrence in the call, and the call count (``_per_row_generate``). Everything else is the library's own code.
+
+Rank 0 writes ``OUT_DIR/log_history.json`` and ``OUT_DIR/model.safetensors``; every rank writes
+``OUT_DIR/rank<r>.json`` with what it observed (EEPO: a digest of each temporary rollout model).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+GLOBAL_ROWS = 16  # completions per optimizer step, all processes together
+MAX_STEPS = 3
+OPTIM = os.environ.get("HARNESS_OPTIM", "sgd")  # see test_equivalence.py for why not AdamW
+LR = 0.01 if OPTIM == "sgd" else 1e-3
+DTYPE = os.environ.get("HARNESS_DTYPE", "float64")  # see test_equivalence.py for why not float32
+
+
+PHASE = {"name": "init", "seen": {}}  # "init" (the offline pass), then the global step of the rollout
+
+
+def _per_row_generate():
+    """Patch ``generate`` of every transformers model: each row alone, seeded by (phase, prompt, occurrence of the
+    prompt in the phase). A prompt is sampled on one process only (whole groups per process; offline-pass shards),
+    so the seed of every completion is the same whatever the number of processes."""
+    from transformers.generation.utils import GenerationMixin
+
+    original = GenerationMixin.generate
+
+    def generate(self, input_ids=None, attention_mask=None, generation_config=None, **kwargs):
+        seen = PHASE["seen"]
+        copies = generation_config.num_return_sequences or 1
+        one = copy.deepcopy(generation_config)
+        one.num_return_sequences = 1
+        rows, prompts = [], []
+        for ids, mask in zip(input_ids, attention_mask, strict=True):
+            prompt = ids[mask.bool()]
+            key = tuple(prompt.tolist())
+            for _ in range(copies):
+                seen[key] = seen.get(key, -1) + 1
+                digest = hashlib.sha256(repr((PHASE["name"], key, seen[key])).encode()).digest()
+                torch.manual_seed(int.from_bytes(digest[:4], "little"))
+                out = original(self, input_ids=prompt[None], attention_mask=torch.ones_like(prompt)[None],
+                               generation_config=one, **kwargs)
+                rows.append(out[0, prompt.numel():])
+                prompts.append(ids)
+        width = max(r.numel() for r in rows)
+        pad = generation_config.pad_token_id
+        new = torch.stack([torch.cat([r, r.new_full((width - r.numel(),), pad)]) for r in rows])
+        return torch.cat([torch.stack(prompts), new], dim=1)
+
+    GenerationMixin.generate = generate
+
+
+def _phase_callback():
+    from transformers import TrainerCallback
+
+    class Phase(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kwargs):
+            PHASE["name"], PHASE["seen"] = state.global_step, {}
+
+    return Phase()
+
+
+def digit_reward(completions, **kwargs):
+    """A dense reward (digits in the completion / 10): every group has distinct rewards, so every step has a real
+    gradient and the comparison is not between two rounding errors (accuracy alone leaves most toy groups equal)."""
+    from trl_variants.rewards import completion_text
+
+    return [sum(ch.isdigit() for ch in completion_text(c)) / 10 for c in completions]
+
+
+def _config(name: str, world: int, out: Path):
+    from trainers_tests.helpers import CPU_ARGS
+    from trl_variants import APOConfig, DPHConfig, EEPOConfig, ERPOConfig
+
+    per_device = GLOBAL_ROWS // world
+    common = dict(CPU_ARGS, output_dir=str(out / "trainer"), per_device_train_batch_size=per_device,
+                  max_completion_length=24, learning_rate=LR, max_steps=MAX_STEPS, logging_steps=1, optim=OPTIM,
+                  temperature=3.0)  # the toy model is so peaked that at 1.0-1.5 whole groups sample one completion
+    if name == "erpo":
+        return ERPOConfig(num_generations=4, **common)
+    if name == "eepo":
+        return EEPOConfig(num_generations=4, entropy_gate="always", **common)
+    if name == "dph":
+        # forward KL (f(u) = -log u) with eta = 1: its gradient at u = 1 is not 0 (JS's is), so from the first step
+        # the rehearsed rows and the token normalisation decide the update
+        return DPHConfig(num_generations=4, num_presamples=4, pef_threshold=4, pef_batch_size=8 // world,
+                         divergence="forward_kl", dph_coef=1.0, presample_cache_dir=str(out / "cache"),
+                         **dict(common, max_completion_length=40))
+    if name == "apo":
+        return APOConfig(num_generations=1, num_value_samples=4, presample_cache_dir=str(out / "cache"),
+                         check_binary_rewards=False, **common)
+    raise ValueError(name)
+
+
+def _watch_eepo_rollout_models(trainer, observed: dict) -> None:
+    """Record a digest of the temporary (unlearned) rollout model: EEPO pushes weights (``_sync_vllm``) right after
+    the unlearning step and again after restoring them; the first of each pair sees the unlearned model."""
+    sync = trainer._sync_vllm
+    digests = observed["rollout_model_digests"] = []
+    toggle = {"unlearned": False}
+
+    def watched():
+        toggle["unlearned"] = not toggle["unlearned"]
+        if toggle["unlearned"]:
+            h = hashlib.sha256()
+            for p in trainer.accelerator.unwrap_model(trainer.model).parameters():
+                h.update(p.detach().cpu().numpy().tobytes())
+            digests.append(h.hexdigest())
+        sync()
+
+    trainer._sync_vllm = watched
+
+
+def main(name: str, out: str) -> None:
+    from accelerate import PartialState
+
+    import trl_variants
+    from trainers_tests.helpers import train_dataset
+    from trl_variants import accuracy_reward
+    from trl_variants.default import DEFAULT_MODEL_PATH
+
+    torch.set_num_threads(1)
+    out = Path(out)
+    world = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun and accelerate launch both set it
+    _per_row_generate()
+    trainer_cls = {"erpo": trl_variants.ERPOTrainer, "eepo": trl_variants.EEPOTrainer,
+                   "dph": trl_variants.DPHTrainer, "apo": trl_variants.APOTrainer}[name]
+    model = DEFAULT_MODEL_PATH  # GRPOConfig's model_init_kwargs accept no float64: load it here in that case
+    if DTYPE != "float32":
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(DEFAULT_MODEL_PATH, dtype=getattr(torch, DTYPE))
+    trainer = trainer_cls(model=model, reward_funcs=[accuracy_reward, digit_reward],
+                          train_dataset=train_dataset(48),
+                          args=_config(name, world, out))
+    state = PartialState()
+    assert state.num_processes == world, (state.num_processes, world)
+    trainer.add_callback(_phase_callback())
+    observed = {"world": world}
+    if name == "eepo":
+        _watch_eepo_rollout_models(trainer, observed)
+    trainer.train()
+    (out / f"rank{state.process_index}.json").write_text(json.dumps(observed))
+    weights = {k: v.detach().cpu().clone() for k, v in trainer.accelerator.get_state_dict(trainer.model).items()}
+    if state.is_main_process:
+        from safetensors.torch import save_file
+
+        (out / "log_history.json").write_text(json.dumps(trainer.state.log_history))
+        save_file(weights, str(out / "model.safetensors"))
+    # every rank reaches this point before the group goes (Gloo aborts a process whose peers left first)
+    trainer.accelerator.wait_for_everyone()
+    trainer.accelerator.end_training()
+    print("OK", state.process_index)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    main(sys.argv[1], sys.argv[2])
