@@ -44,3 +44,18 @@ def sampling_options(trainer) -> dict:
                 min_p=trainer.min_p or 0.0, repetition_penalty=trainer.repetition_penalty,
                 max_completion_length=trainer.max_completion_length,
                 generation_kwargs=trainer.args.generation_kwargs or None)
+
+
+def full_parameters(trainer):
+    """Context in which ``trainer.model`` holds its full parameters on every process: under DeepSpeed ZeRO-3 they are
+    partitioned from the moment the model is loaded, so the offline passes (run in ``__init__``, before the model is
+    prepared) gather them with DeepSpeed's ``zero.GatheredParameters`` (read-only: no process writes them back).
+    Every other setup already holds full parameters at that point; FSDP shards them only in ``prepare``."""
+    from contextlib import nullcontext
+
+    plugin = getattr(trainer.accelerator.state, "deepspeed_plugin", None)
+    if not trainer.is_deepspeed_enabled or plugin is None or plugin.zero_stage != 3:
+        return nullcontext()
+    import deepspeed
+
+    return deepspeed.zero.GatheredParameters(list(trainer.model.parameters()), modifier_rank=None)

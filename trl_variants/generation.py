@@ -105,8 +105,10 @@ def generate_completions(
             for i, p in enumerate(chunk):
                 ids[i, width - len(p) :] = torch.tensor(p)
                 mask[i, width - len(p) :] = 1
+            # synced_gpus=False: transformers turns it on whenever ZeRO-3 is active, making every process step with
+            # the others; the offline passes run with full (gathered) weights and each process on its own shards
             gen = model.generate(
-                input_ids=ids.to(device), attention_mask=mask.to(device), generation_config=config
+                input_ids=ids.to(device), attention_mask=mask.to(device), generation_config=config, synced_gpus=False
             )[:, width:].tolist()
             for i in range(len(chunk)):
                 out.append([truncate_after_eos(g, eos) for g in gen[i * num_samples : (i + 1) * num_samples]])

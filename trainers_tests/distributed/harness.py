@@ -93,7 +93,13 @@ def _config(name: str, world: int, out: Path):
     from trl_variants import APOConfig, DPHConfig, EEPOConfig, ERPOConfig
 
     per_device = GLOBAL_ROWS // world
-    common = dict(CPU_ARGS, output_dir=str(out / "trainer"), per_device_train_batch_size=per_device,
+    # use_cpu makes Accelerate pick plain gloo DDP: under `accelerate launch` with a DeepSpeed or FSDP config it has
+    # to go, so that the launcher's backend is the one that runs (on a machine without a GPU it runs on the CPU)
+    launcher_backend = "true" in (os.environ.get("ACCELERATE_USE_DEEPSPEED"), os.environ.get("ACCELERATE_USE_FSDP"))
+    cpu = {k: v for k, v in CPU_ARGS.items() if k != "use_cpu" or not launcher_backend}
+    if launcher_backend and not torch.cuda.is_available():
+        cpu["ddp_backend"] = "gloo"  # without it Accelerate finds no backend on a CPU-only machine: N lone processes
+    common = dict(cpu, output_dir=str(out / "trainer"), per_device_train_batch_size=per_device,
                   max_completion_length=24, learning_rate=LR, max_steps=MAX_STEPS, logging_steps=1, optim=OPTIM,
                   temperature=3.0)  # the toy model is so peaked that at 1.0-1.5 whole groups sample one completion
     if name == "erpo":
@@ -145,6 +151,13 @@ def main(name: str, out: str) -> None:
     _per_row_generate()
     trainer_cls = {"erpo": trl_variants.ERPOTrainer, "eepo": trl_variants.EEPOTrainer,
                    "dph": trl_variants.DPHTrainer, "apo": trl_variants.APOTrainer}[name]
+    args = _config(name, world, out)
+    process_type = PartialState().distributed_type
+    if os.environ.get("ACCELERATE_USE_FSDP") == "true" and "GPU" not in str(process_type):
+        raise RuntimeError(
+            f"the launcher asked for FSDP but the processes are {process_type}: Accelerate enables FSDP only on top of "
+            "a GPU-type process group (MULTI_GPU/NPU/XPU/...), never MULTI_CPU or NO, so on a CPU-only machine the "
+            "FSDP plugin would be ignored")
     model = DEFAULT_MODEL_PATH  # GRPOConfig's model_init_kwargs accept no float64: load it here in that case
     if DTYPE != "float32":
         from transformers import AutoModelForCausalLM
@@ -152,18 +165,27 @@ def main(name: str, out: str) -> None:
         model = AutoModelForCausalLM.from_pretrained(DEFAULT_MODEL_PATH, dtype=getattr(torch, DTYPE))
     trainer = trainer_cls(model=model, reward_funcs=[accuracy_reward, digit_reward],
                           train_dataset=train_dataset(48),
-                          args=_config(name, world, out))
+                          args=args)
     state = PartialState()
     assert state.num_processes == world, (state.num_processes, world)
+
     trainer.add_callback(_phase_callback())
-    observed = {"world": world}
+    observed = {"world": world, "distributed_type": str(trainer.accelerator.distributed_type),
+                "deepspeed": trainer.is_deepspeed_enabled, "fsdp": trainer.is_fsdp_enabled}
     if name == "eepo":
         _watch_eepo_rollout_models(trainer, observed)
+    if name in ("dph", "apo"):  # what the offline pass produced (DPH-RL: the split it made), to compare backends
+        parts = [trainer.train_dataset] + ([trainer.pef_dataset] if name == "dph" else [])
+        text = json.dumps([part.to_dict() for part in parts], sort_keys=True, default=str)
+        observed["offline_pass_digest"] = hashlib.sha256(text.encode()).hexdigest()
     trainer.train()
     (out / f"rank{state.process_index}.json").write_text(json.dumps(observed))
-    weights = {k: v.detach().cpu().clone() for k, v in trainer.accelerator.get_state_dict(trainer.model).items()}
+    # the engine under DeepSpeed (ZeRO-3 gathers the shards), the DDP module otherwise
+    state_dict = trainer.accelerator.get_state_dict(trainer.model_wrapped)  # collective; the full dict on rank 0
     if state.is_main_process:
         from safetensors.torch import save_file
+
+        weights = {k: v.detach().cpu().clone() for k, v in state_dict.items()}
 
         (out / "log_history.json").write_text(json.dumps(trainer.state.log_history))
         save_file(weights, str(out / "model.safetensors"))

@@ -236,3 +236,13 @@ def test_accelerate_config_loads_with_accelerate(path):
         assert raw["fsdp_config"]["fsdp_version"] in (1, 2)
     if config.distributed_type == DistributedType.NO:
         assert config.num_processes == 1
+
+
+def test_eepo_recipe_has_the_papers_kl_and_entropy_coefficients(bf16_anywhere):
+    """EEPO App. A: "The KL loss and entropy loss coefficient are set to 1e-4 and 1e-5" (issue #13 item 9);
+    EEPOConfig itself keeps GRPO's 0 / 0 (so that entropy_gate="never" is exactly GRPOTrainer), the recipe sets them."""
+    _, args, _ = parse_recipe(CONFIGS / "eepo" / "qwen2.5-3b.yaml")
+    assert args.beta == 1e-4 and args.entropy_coef == 1e-5
+    from trl_variants import EEPOConfig
+
+    assert EEPOConfig.beta == 0.0 and EEPOConfig.entropy_coef == 0.0

@@ -118,3 +118,13 @@ def test_layout_and_tokenization_are_in_the_key(prompts, tiny_model, tiny_tokeni
     assert cache_key(tiny_model, tiny_tokenizer, prompts, base, [accuracy_reward], [1.0], prompt_ids=ids) != \
         cache_key(tiny_model, tiny_tokenizer, prompts, base, [accuracy_reward], [1.0], prompt_ids=[[1, 2]] * 6)
     assert cache_key(tiny_model, tiny_tokenizer, prompts, base, [accuracy_reward], [1.0], backend="vllm") != key
+
+
+def test_reward_fingerprint_is_stable_once_the_reward_has_run():
+    """The key of a cached pass must not change because the reward function ran (Python 3.11 specialises running
+    bytecode in place, so a hash of ``marshal.dumps(code)`` changed after the first call and a resumed A*-PO run
+    sampled its stage 1 again)."""
+    before = reward_fingerprint(accuracy_reward)
+    for _ in range(3):
+        accuracy_reward([f"\\boxed{{{i}}}" for i in range(40)], ["3"] * 40)
+    assert reward_fingerprint(accuracy_reward) == before

@@ -6,7 +6,6 @@ import functools
 import hashlib
 import inspect
 import json
-import marshal
 import math
 import sys
 from collections.abc import Callable, Sequence
@@ -79,6 +78,15 @@ def score_completions(reward_funcs, reward_weights, prompts, completions, comple
 _SCORING_PACKAGES = ("math-verify", "latex2sympy2_extended", "sympy", "trl-variants")
 
 
+def _code_bytes(code) -> bytes:
+    """The parts of a code object that say what it does: its bytecode (``co_code`` is the un-specialised form, the
+    same before and after the interpreter has run it; ``marshal.dumps`` is not), constants (nested functions
+    recursively), names and argument layout."""
+    consts = b"|".join(_code_bytes(c) if inspect.iscode(c) else repr(c).encode() for c in code.co_consts)
+    return b"".join([code.co_code, consts, repr((code.co_names, code.co_varnames, code.co_argcount,
+                                                 code.co_kwonlyargcount)).encode()])
+
+
 def _code_digest(namespace: dict) -> str:
     """A hash of the code that runs, not of the file on disk (which may have been edited since the import): the
     compiled code of every function and method the module namespace defines, their defaults, and its plain
@@ -87,11 +95,11 @@ def _code_digest(namespace: dict) -> str:
     module_name = namespace.get("__name__")
     for name, obj in sorted(namespace.items()):
         if inspect.isfunction(obj) and obj.__module__ == module_name:
-            h.update(name.encode() + marshal.dumps(obj.__code__) + repr(obj.__defaults__).encode())
+            h.update(name.encode() + _code_bytes(obj.__code__) + repr(obj.__defaults__).encode())
         elif inspect.isclass(obj) and obj.__module__ == module_name:
             for attr, member in sorted(vars(obj).items()):
                 if inspect.isfunction(member):
-                    h.update(f"{name}.{attr}".encode() + marshal.dumps(member.__code__))
+                    h.update(f"{name}.{attr}".encode() + _code_bytes(member.__code__))
         elif isinstance(obj, int | float | str | bool | bytes | tuple | frozenset | type(None)):
             h.update(f"{name}={obj!r}".encode())
     return h.hexdigest()

@@ -1,0 +1,119 @@
+"""Every trainer on 2 processes under each shipped Accelerate backend config, compared with plain DDP (issue #13).
+
+    python scripts/check_distributed_backends.py [--trainers erpo eepo dph apo] [--backends zero2 zero3 fsdp2]
+
+Runs ``trainers_tests/distributed/harness.py`` (3 optimizer steps, fixed global batch and completions) with
+``torchrun`` (gloo DDP, the reference) and with ``accelerate launch --config_file configs/accelerate/<backend>.yaml
+--num_processes 2 --mixed_precision no`` (float32: DeepSpeed does not take float64 models), on CPU, and writes
+``results/distributed/backends.{json,md}``: for each (trainer, backend) whether it ran, the largest parameter and
+relative metric differences to DDP, and for a run that failed the last line of its error. About 15 minutes on 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+HARNESS = ROOT / "trainers_tests" / "distributed" / "harness.py"
+BIN = Path(sys.executable).parent
+TIMING = {"step_time", "train_runtime", "train_samples_per_second", "train_steps_per_second"}
+
+
+def run(cmd, env, log: Path) -> tuple[bool, str]:
+    with open(log, "w") as f:
+        proc = subprocess.run(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, timeout=1500)
+    text = log.read_text()
+    if proc.returncode == 0 and text.count("OK") >= 2:  # the two ranks' "OK r" lines may interleave
+        return True, ""
+    errors = [line for line in text.splitlines() if line.startswith("[rank0]:") and "Error" in line]
+    errors = errors or [line for line in text.splitlines() if "Error" in line]
+    return False, (errors[-1] if errors else text.strip().splitlines()[-1])[-400:]
+
+
+def compare(ref: Path, other: Path) -> dict:
+    import torch  # noqa: F401  (safetensors.torch needs it)
+    from safetensors.torch import load_file
+
+    la, lb = (json.loads((d / "log_history.json").read_text()) for d in (ref, other))
+    worst, where = 0.0, None
+    for ha, hb in zip(la, lb, strict=True):
+        for key, va in ha.items():
+            if key in TIMING:
+                continue
+            diff = abs(va - hb[key]) / max(1e-6, abs(va))
+            if diff > worst:
+                worst, where = diff, f"step {ha.get('step')} {key}"
+    wa, wb = load_file(str(ref / "model.safetensors")), load_file(str(other / "model.safetensors"))
+    return {"max_param_diff": max((wa[k] - wb[k]).abs().max().item() for k in wa),
+            "max_metric_rel_diff": worst, "at": where}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--trainers", nargs="+", default=["erpo", "eepo", "dph", "apo"])
+    parser.add_argument("--backends", nargs="+", default=["zero2", "zero3", "fsdp2"])
+    parser.add_argument("--out", default=str(ROOT / "results" / "distributed"))
+    args = parser.parse_args()
+    out = Path(args.out)
+    work = out / "runs"
+    work.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", HARNESS_DTYPE="float32")
+    rows, port = [], 29700
+    for trainer in args.trainers:
+        ref = work / f"{trainer}-ddp"
+        port += 1
+        start = time.time()
+        ok, error = run([str(BIN / "torchrun"), "--nproc_per_node", "2", "--master_port", str(port), str(HARNESS),
+                         trainer, str(ref)], dict(env, ACCELERATE_USE_CPU="1"), work / f"{trainer}-ddp.log")
+        rows.append({"trainer": trainer, "backend": "ddp (reference)", "ran": ok, "error": error,
+                     "seconds": round(time.time() - start)})
+        for backend in args.backends:
+            port += 1
+            run_dir = work / f"{trainer}-{backend}"
+            start = time.time()
+            ok_b, error = run([str(BIN / "accelerate"), "launch", "--config_file",
+                               str(ROOT / "configs" / "accelerate" / f"{backend}.yaml"), "--num_processes", "2",
+                               "--mixed_precision", "no", "--main_process_port", str(port), str(HARNESS), trainer,
+                               str(run_dir)], env, work / f"{trainer}-{backend}.log")
+            row = {"trainer": trainer, "backend": backend, "ran": ok_b, "error": error,
+                   "seconds": round(time.time() - start)}
+            if ok_b:
+                observed = json.loads((run_dir / "rank0.json").read_text())
+                row["distributed_type"] = observed["distributed_type"]
+                if ok:
+                    row.update(compare(ref, run_dir))
+                    ref_observed = json.loads((ref / "rank0.json").read_text())
+                    if "offline_pass_digest" in observed:
+                        row["offline_pass_equal"] = observed["offline_pass_digest"] == ref_observed.get(
+                            "offline_pass_digest")
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    previous = out / "backends.json"
+    if previous.exists():  # keep the rows of trainers not run this time
+        rows = [r for r in json.loads(previous.read_text()) if r["trainer"] not in args.trainers] + rows
+        order = {"erpo": 0, "eepo": 1, "dph": 2, "apo": 3}
+        rows.sort(key=lambda r: (order.get(r["trainer"], 9), r["backend"] != "ddp (reference)"))
+    previous.write_text(json.dumps(rows, indent=1))
+    lines = ["# Every trainer under each Accelerate backend, 2 CPU processes, vs gloo DDP",
+             "", f"Made by `python scripts/check_distributed_backends.py` ({time.strftime('%Y-%m-%d')}); see "
+             "docs/distributed.md.", "",
+             "| trainer | backend | ran | backend in use | max parameter diff to DDP | max relative metric diff | "
+             "offline pass identical to DDP's | error |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        diff = f"{r['max_param_diff']:.2g}" if "max_param_diff" in r else ""
+        metric = f"{r['max_metric_rel_diff']:.2g} ({r['at']})" if "max_metric_rel_diff" in r else ""
+        lines.append(f"| {r['trainer']} | {r['backend']} | {'yes' if r['ran'] else 'no'} | "
+                     f"{r.get('distributed_type', '')} | {diff} | {metric} | {r.get('offline_pass_equal', '')} | "
+                     f"{r['error'].replace('|', '/')} |")
+    (out / "backends.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
