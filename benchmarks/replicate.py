@@ -85,13 +85,17 @@ def curves(runs: dict, path: Path) -> None:
     from trl_variants.evaluate import _plt
 
     plt = _plt()
-    keys = [("reward", "train reward"), ("entropy", "token entropy"), ("kl", "KL to reference (A*-PO, GRPO beta>0)"),
-            ("query_kl", "Query-KL (ERPO)")]
+    # a panel reads the first of its keys a log entry has: GRPO's token-level `kl` (beta > 0), A*-PO's sequence-level
+    # log-ratio to the reference on its rollouts (an MC estimate of KL(pi || pi_ref) per completion)
+    keys = [(("reward",), "train reward"), (("entropy",), "token entropy"),
+            (("kl", "apo/seq_log_ratio_mean"), "KL to reference (GRPO beta>0: per token; A*-PO: per sequence)"),
+            (("erpo/query_kl",), "Query-KL (ERPO)")]
     fig, axes = plt.subplots(1, len(keys), figsize=(4 * len(keys), 3.4))
     for ax, (key, title) in zip(axes, keys, strict=True):
         for i, (method, seeds) in enumerate(runs.items()):
             for j, run in enumerate(seeds):
-                pts = [(h["step"], h[key]) for h in run["history"] if key in h]
+                pts = [(h["step"], next(h[k] for k in key if k in h)) for h in run["history"]
+                       if any(k in h for k in key)]
                 if pts:
                     ax.plot(*zip(*pts, strict=True), color=f"C{i}", alpha=0.9 if j == 0 else 0.4,
                             label=method if j == 0 else None)

@@ -19,11 +19,11 @@ def paper(title: str, arxiv_id: str | None, entry: str) -> dict:
     """A ``_paper`` dict for TRL's model card: the method's entry first, then GRPO's."""
     return {"title": title, "id": arxiv_id, "citation": entry + "\n\n" + GRPO}
 
-EEPO = """@misc{chen2025eepo,
+EEPO = """@article{chen2025eepo,
     title        = {{EEPO: Exploration-Enhanced Policy Optimization via Sample-Then-Forget}},
-    author       = {Liang Chen and Xueting Han and Qizhou Wang and Bo Han and Jing Bai},
+    author       = {Liang Chen and Xueting Han and Qizhou Wang and Bo Han and Jing Bai and Hinrich Sch{\\"u}tze and Kam-Fai Wong},
     year         = 2025,
-    note         = {Preprint},
+    eprint       = {arXiv:2510.05837},
 }"""
 
 DPH = """@article{li2025choice,

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from trl import TrlParser
 
+from ._validation import check_model_reference
 from .presample import PresampleConfig
 from .scripts import TrainScriptArguments, get_reward_funcs, load_datasets
 
@@ -24,6 +25,11 @@ class PresampleScriptArguments(TrainScriptArguments):
     push_to_hub: bool = field(default=False, metadata={"help": "Publish the result as a Hub dataset."})
     hub_dataset_id: str | None = field(default=None, metadata={"help": "Hub dataset repo id (org/name)."})
     hub_private: bool = field(default=False, metadata={"help": "Create the Hub dataset as private."})
+    hub_overwrite_card: bool = field(
+        default=False,
+        metadata={"help": "Replace a README.md already on the Hub dataset that trl-variants did not write (by default "
+                          "the push stops before uploading anything)."},
+    )
 
 
 def presample_main(argv: list[str]) -> None:
@@ -32,16 +38,19 @@ def presample_main(argv: list[str]) -> None:
     from .default import DEFAULT_MODEL_PATH
     from .presample import presample
 
-    parser = TrlParser((PresampleScriptArguments, PresampleConfig), prog="trl-variants presample")
+    parser = TrlParser((PresampleScriptArguments, PresampleConfig), prog="trl-variants presample",
+                       description=COMMAND_HELP["presample"], epilog=CONFIG_HELP)
     script_args, config = parser.parse_args_and_config(args=argv)
     if script_args.push_to_hub and not script_args.hub_dataset_id:
         raise ValueError("--push_to_hub needs --hub_dataset_id org/name")
+    check_model_reference(script_args.model_name_or_path, "--model_name_or_path")  # before the data and model load
     if script_args.torch_threads:
         import torch
 
         torch.set_num_threads(script_args.torch_threads)
     script_args.dataset_test_split = "test"
     train, _ = load_datasets(script_args)
+    source = presample_source(script_args)
     if script_args.split == "test":
         from .scripts import EMBEDDED
 
@@ -63,15 +72,60 @@ def presample_main(argv: list[str]) -> None:
 
         model_id = script_args.model_name_or_path or "trl_variants tiny default"
         result.save_to_disk(script_args.output_dir)
-        card = dataset_card(result, model_id, script_args.hub_dataset_id)
+        card = dataset_card(result, model_id, script_args.hub_dataset_id, source=source)
         (Path(script_args.output_dir) / "README.md").write_text(card)
         print(f"presampled dataset saved to {script_args.output_dir} ({len(result)} rows)")
         if script_args.push_to_hub:
-            from huggingface_hub import DatasetCard
-
-            result.push_to_hub(script_args.hub_dataset_id, private=script_args.hub_private)
-            DatasetCard(card).push_to_hub(script_args.hub_dataset_id)
+            push_presampled(result, card, script_args.hub_dataset_id, private=script_args.hub_private,
+                            overwrite_card=script_args.hub_overwrite_card)
             print(f"pushed to https://huggingface.co/datasets/{script_args.hub_dataset_id}")
+
+
+def presample_source(script_args) -> dict:
+    """What the prompts of ``trl-variants presample`` were taken from, for the dataset card."""
+    from .scripts import EMBEDDED
+
+    name = script_args.dataset_name or EMBEDDED
+    if name == EMBEDDED:
+        split = script_args.split if script_args.split == "test" else "train"
+        return {"dataset": "embedded (trl_variants.default synthetic arithmetic task)", "split": split,
+                "embedded_train_size": script_args.embedded_train_size,
+                "embedded_test_size": script_args.embedded_test_size, "embedded_seed": script_args.embedded_seed}
+    source = {"dataset": name, "config": script_args.dataset_config, "split": script_args.dataset_train_split}
+    if script_args.filter_column:
+        source["filter"] = f"{script_args.filter_column} in {script_args.filter_values}"
+    return source
+
+
+def push_presampled(result, card: str, repo_id: str, private: bool = False, overwrite_card: bool = False) -> None:
+    """Publish a presampled dataset with ``card`` as its README.md.
+
+    Order: (1) if the Hub repo already has a README.md with content trl-variants did not write (no ``CARD_MARKER``),
+    stop before uploading anything unless ``overwrite_card``; (2) push the data: ``datasets`` writes its YAML
+    metadata (``dataset_info``, ``configs``) into the README; (3) push our card last, carrying over that YAML, so the
+    README on the Hub is our card and still describes the data files.
+    """
+    from huggingface_hub import DatasetCard, HfApi
+
+    from .presample.card import CARD_MARKER
+
+    api = HfApi()
+    if api.repo_exists(repo_id, repo_type="dataset") and api.file_exists(repo_id, "README.md", repo_type="dataset"):
+        existing = DatasetCard.load(repo_id, repo_type="dataset")
+        if existing.text.strip() and CARD_MARKER not in existing.text and not overwrite_card:
+            raise ValueError(f"https://huggingface.co/datasets/{repo_id} already has a README.md that trl-variants "
+                             "did not write; pushing would replace it. Move its content elsewhere or pass "
+                             "--hub_overwrite_card to replace it (nothing was uploaded)")
+    result.push_to_hub(repo_id, private=private)
+    ours = DatasetCard(card)
+    pushed = DatasetCard.load(repo_id, repo_type="dataset").data.to_dict()
+    mine = ours.data.to_dict()
+    for key, value in pushed.items():
+        if key == "tags":
+            ours.data["tags"] = list(dict.fromkeys([*(mine.get("tags") or []), *(value or [])]))
+        elif key not in mine:
+            ours.data[key] = value
+    ours.push_to_hub(repo_id, repo_type="dataset", commit_message="trl-variants presample: dataset card")
 
 
 @dataclass
@@ -92,8 +146,13 @@ def evaluate_main(argv: list[str]) -> None:
     from .default import DEFAULT_MODEL_PATH
     from .evaluate import EvalConfig, evaluate, write_report
 
-    parser = TrlParser((EvaluateScriptArguments, EvalConfig), prog="trl-variants evaluate")
+    parser = TrlParser((EvaluateScriptArguments, EvalConfig), prog="trl-variants evaluate",
+                       description=COMMAND_HELP["evaluate"], epilog=CONFIG_HELP)
     script_args, config = parser.parse_args_and_config(args=argv)
+    require_matplotlib()  # the report's plots need it: fail now, not after all the sampling
+    for option, value in [*(("--models", m) for m in script_args.models), ("--base_model", script_args.base_model),
+                          ("--reference_model", script_args.reference_model)]:
+        check_model_reference(value, option)  # every model, before any of them is loaded or evaluated
     models = script_args.models or [DEFAULT_MODEL_PATH]
     names = script_args.model_names or [None] * len(models)
     if len(names) != len(models):
@@ -120,6 +179,15 @@ def evaluate_main(argv: list[str]) -> None:
         print("wrote " + ", ".join(paths.values()))
 
 
+def require_matplotlib() -> None:
+    """Raise an ImportError naming the install command when matplotlib (needed for the report's plots) is missing."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError as e:
+        raise ImportError("trl-variants evaluate writes plots and needs matplotlib: pip install matplotlib (or pip "
+                          "install 'trl-variants[plots]'). Nothing was loaded or sampled.") from e
+
+
 def load_eval_dataset(script_args):
     """The evaluation split: the embedded task's fixed test split, or ``dataset_test_split`` of the dataset."""
     from types import SimpleNamespace
@@ -134,12 +202,30 @@ def load_eval_dataset(script_args):
 
 
 COMMANDS = {"presample": presample_main, "evaluate": evaluate_main}
+COMMAND_HELP = {
+    "presample": "Run the offline reference pass (stage 1 of A*-PO and DPH-RL, ERPO's reference prompt "
+                 "log-likelihoods) over a dataset and save (or push) the result with its dataset card.",
+    "evaluate": "Sample and score models on a test split: greedy accuracy, avg@k / pass@k per temperature, entropy "
+                "and KL; writes results.json, results.md and plots (needs matplotlib).",
+}
+
+CONFIG_HELP = ("--config FILE.yaml: read the options above from a YAML file (keys are the option names without "
+               "'--'); flags given on the command line override it.")
+
+
+def usage() -> str:
+    lines = [f"usage: trl-variants {{{','.join(COMMANDS)}}} [--config FILE.yaml] [--option value ...]", "",
+             "commands:"]
+    lines += [f"  {name:<10} {COMMAND_HELP[name]}" for name in COMMANDS]
+    lines += ["", "Run `trl-variants COMMAND --help` for every option of a command. Options come from a YAML file "
+              "(--config) and/or flags (flags override the file)."]
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
-        print(f"usage: trl-variants {{{','.join(COMMANDS)}}} --config FILE.yaml [--option value ...]")
+        print(usage())
         raise SystemExit(0 if argv and argv[0] in ("-h", "--help") else 2)
     COMMANDS[argv[0]](argv[1:])
 

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 from transformers import TrainerCallback
 
+from ._validation import ensure_pad_token
 from .presample import PresampleConfig, presample, token_logps
 from .presample.logprobs import left_pad
 from .rewards import accuracy_reward
@@ -78,15 +79,19 @@ class EvalConfig:
         generation_batch_size, logprob_batch_size: sequences per generate call / per scoring forward.
     """
 
-    k: int = 8
-    temperatures: list[float] = field(default_factory=lambda: [0.6, 1.0])
-    greedy: bool = True
-    top_p: float = 1.0
-    max_completion_length: int = 64
-    compute_entropy: bool = True
-    seed: int = 0
-    generation_batch_size: int = 128
-    logprob_batch_size: int = 32
+    k: int = field(default=8, metadata={"help": "Samples per prompt at each temperature (avg@k, pass@k' for k' <= k)."})
+    temperatures: list[float] = field(
+        default_factory=lambda: [0.6, 1.0], metadata={"help": "Sampling temperatures to sweep (ERPO sweeps 0.1-1.5)."}
+    )
+    greedy: bool = field(default=True, metadata={"help": "Also measure greedy accuracy."})
+    top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling threshold in (0, 1] (1 = off)."})
+    max_completion_length: int = field(default=64, metadata={"help": "Maximum new tokens per completion."})
+    compute_entropy: bool = field(
+        default=True, metadata={"help": "Mean token entropy of the sampled completions (one scoring forward pass)."}
+    )
+    seed: int = field(default=0, metadata={"help": "Base seed (each temperature and shard derives its own)."})
+    generation_batch_size: int = field(default=128, metadata={"help": "Sequences per generate call."})
+    logprob_batch_size: int = field(default=32, metadata={"help": "Sequences per scoring forward pass."})
 
     def __post_init__(self):
         if self.k < 1:
@@ -162,6 +167,7 @@ def evaluate(
         reference_model = AutoModelForCausalLM.from_pretrained(str(reference_model))
     if tokenizer is None:
         raise ValueError("tokenizer is required when model is a model object")
+    ensure_pad_token(tokenizer)  # as GRPOTrainer: no pad token (Llama 3, Mistral) pads with EOS
     device = accelerator.device if accelerator is not None else next(model.parameters()).device
     model = model.to(device)
     if reference_model is not None:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from trl import ModelConfig, ScriptArguments, TrlParser
 
+from ._validation import check_model_reference, check_no_none
 from .default import DEFAULT_MODEL_PATH, load_default_dataset
 from .rewards import REWARD_FUNCS
 
@@ -135,6 +136,9 @@ def _prepare_columns(ds, script_args: TrainScriptArguments, name: str):
         if "solution" in ds.column_names:
             ds = ds.remove_columns("solution")
         ds = ds.rename_column(script_args.solution_column, "solution")
+    if "accuracy_reward" in (script_args.reward_funcs or []):  # it would score every completion of such a row 0
+        check_no_none(ds, "solution", f"dataset {name!r} has no gold answer there; drop those rows (e.g. filter on "
+                      "--filter_column) or point --solution_column at the gold-answer column")
     return ds
 
 
@@ -159,6 +163,7 @@ def run_training(trainer_cls, config_cls, default_config: str | Path | None = No
     from trl import get_peft_config
 
     script_args, training_args, model_args = parse_args(config_cls, default_config=default_config, argv=argv)
+    check_model_reference(model_name_or_path(model_args), "--model_name_or_path")  # before the data and model load
     training_args.model_init_kwargs = model_init_kwargs(model_args, training_args)
     train_dataset, eval_dataset = load_datasets(script_args, training_args)
     trainer = trainer_cls(

@@ -123,11 +123,12 @@ def test_end_to_end_and_resume_does_not_rerun_stage1(tmp_path, monkeypatch):
     apo = _apo(tmp_path, **kw)
     apo.train()
     logged = {k for h in apo.state.log_history for k in h}
-    for key in ("apo/regression_loss", "apo/value_mean", "apo/advantage_mean", "apo/seq_log_ratio_mean", "kl",
+    for key in ("apo/regression_loss", "apo/value_mean", "apo/advantage_mean", "apo/seq_log_ratio_mean",
                 "reward", "completions/mean_length", "completions/clipped_ratio"):
         assert key in logged, key
     assert "2505.20686" in (out / "README.md").read_text()
-    assert any(h.get("kl", 0) != 0 for h in apo.state.log_history)
+    assert any(h.get("apo/seq_log_ratio_mean", 0) != 0 for h in apo.state.log_history)
+    assert "kl" not in logged  # GRPO's token-level KL key is not reused for a sequence-level quantity
     monkeypatch.setattr(ps, "generate_completions", lambda *a, **k: pytest.fail("stage 1 ran again"))
     kw.update(max_steps=3)
     resumed = _apo(tmp_path, **kw)

@@ -142,8 +142,9 @@ def test_end_to_end_train_save_reload_resume(tmp_path):
                           args=small_config(ERPOConfig, tmp_path, **args), train_dataset=train_dataset(64))
     trainer.train()
     logged = {k for h in trainer.state.log_history for k in h}
-    for key in ("query_kl", "query_weight/mean", "query_weight/min", "query_weight/max", "prompt_logp/mean",
-                "policy_prompt_logp/mean", "reward", "entropy", "clip_ratio/region_mean", "completions/mean_length"):
+    for key in ("erpo/query_kl", "erpo/query_weight/mean", "erpo/query_weight/min", "erpo/query_weight/max",
+                "erpo/prompt_logp/mean", "erpo/policy_prompt_logp/mean", "reward", "entropy", "clip_ratio/region_mean",
+                "completions/mean_length"):
         assert key in logged, key
     before, after = _weights(DEFAULT_MODEL_PATH), _weights(out / "checkpoint-2")
     assert any(not torch.equal(before[k], after[k]) for k in before)
@@ -167,7 +168,7 @@ def test_gradient_accumulation_and_steps_per_generation(tmp_path):
     trainer = _erpo(tmp_path, gradient_accumulation_steps=2, per_device_train_batch_size=8, max_steps=2)
     assert trainer.args.steps_per_generation == 2
     trainer.train()
-    qkl = [h["query_kl"] for h in trainer.state.log_history if "query_kl" in h]
+    qkl = [h["erpo/query_kl"] for h in trainer.state.log_history if "erpo/query_kl" in h]
     assert len(qkl) == 2 and all(math.isfinite(v) for v in qkl)
 
 
@@ -184,4 +185,4 @@ def test_peft_lora_trains_adapter_only(tmp_path):
     params = dict(trainer.model.named_parameters())
     assert all(torch.equal(base[n], params[n]) for n in base)
     assert any(not torch.equal(lora[n], params[n]) for n in lora)
-    assert any("query_kl" in h for h in trainer.state.log_history)
+    assert any("erpo/query_kl" in h for h in trainer.state.log_history)

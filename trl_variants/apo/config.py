@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 
 from trl import GRPOConfig
 
+from .._validation import check_common
+
 
 @dataclass
 class APOConfig(GRPOConfig):
@@ -42,6 +44,7 @@ class APOConfig(GRPOConfig):
         default=64, metadata={"help": "Sequences per generate call in stage 1 (fixed layout)."})
 
     def __post_init__(self):
+        check_common(self)  # options TRL accepts but that fail after the model load (issue #16)
         if self.num_generations is None or self.num_generations < 1:
             raise ValueError(f"num_generations must be >= 1 (A*-PO samples one completion per prompt), got "
                              f"{self.num_generations}")

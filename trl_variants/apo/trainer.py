@@ -20,15 +20,17 @@ from transformers import PreTrainedModel
 from trl import GRPOTrainer
 
 from .. import losses
+from .._card import ModelCardMixin
 from .._checkpoint import CheckpointStateMixin
 from .._citations import APO, paper
-from .._common import check_prompt_ids, resolve_config, sampling_options, trainer_prompt_ids
+from .._common import check_prompt_ids, full_parameters, resolve_config, sampling_options, trainer_prompt_ids
 from .._reference import frozen_copy_of_policy
+from .._validation import check_presampled_columns, check_train_dataset
 from ..presample import PresampleConfig, check_presample_options, presample
 from .config import APOConfig
 
 
-class APOTrainer(CheckpointStateMixin, GRPOTrainer):
+class APOTrainer(CheckpointStateMixin, ModelCardMixin, GRPOTrainer):
     """A*-PO. Takes GRPOTrainer's arguments; see [`APOConfig`]."""
 
     _tag_names = ["trl", "a-star-po"]
@@ -40,6 +42,9 @@ class APOTrainer(CheckpointStateMixin, GRPOTrainer):
         args = resolve_config(model, args, APOConfig, "APO")
         if train_dataset is None:
             raise ValueError("APOTrainer needs a train_dataset (prompts, or the output of trl-variants presample)")
+        check_train_dataset(train_dataset, "APOTrainer")  # before GRPOTrainer loads the model
+        check_presampled_columns(train_dataset, ["ref_value"], "APOTrainer",
+                                 f"--num_samples {args.num_value_samples} --value_beta {args.value_beta}")
         # GRPOTrainer reloads its reference from the model's name; for an in-memory model that is not the policy we
         # were given, so in that case we build the reference ourselves from the given weights.
         own_reference = isinstance(model, PreTrainedModel) and peft_config is None
@@ -76,7 +81,7 @@ class APOTrainer(CheckpointStateMixin, GRPOTrainer):
             was_training = self.model.training
             self.model.eval()
             try:
-                with self._reference_weights():
+                with self._reference_weights(), full_parameters(self):
                     dataset = presample(self.model, self.processing_class, dataset, self.reward_funcs, config,
                                         reward_weights=self.reward_weights.tolist(), accelerator=self.accelerator,
                                         tokenize_fn=lambda prompts: trainer_prompt_ids(self, prompts))
@@ -151,5 +156,4 @@ class APOTrainer(CheckpointStateMixin, GRPOTrainer):
         metrics["apo/value_mean"].append(gather(inputs["apo_values"]).mean().item())
         metrics["apo/advantage_mean"].append(gather(inputs["advantages"]).mean().item())
         metrics["apo/seq_log_ratio_mean"].append(gather(seq_log_ratio.detach()).mean().item())
-        metrics["kl"].append(gather(seq_log_ratio.detach()).mean().item())  # MC estimate of KL(pi || pi_ref)
         return loss / (self.current_gradient_accumulation_steps if mode == "train" else 1.0)

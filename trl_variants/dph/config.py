@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from trl import GRPOConfig
 
+from .._validation import check_common
 from ..losses import DIVERGENCES
 
 
@@ -78,6 +79,7 @@ class DPHConfig(GRPOConfig):
                                                                 "choices": ["generator", "definition"]})
 
     def __post_init__(self):
+        check_common(self)  # options TRL accepts but that fail after the model load (issue #16)
         super().__post_init__()
         if self.divergence not in DIVERGENCES:
             raise ValueError(f"divergence must be one of {DIVERGENCES}, got {self.divergence!r}")

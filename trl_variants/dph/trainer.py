@@ -19,10 +19,12 @@ import torch
 from trl import GRPOTrainer
 
 from .. import losses
+from .._card import ModelCardMixin
 from .._checkpoint import CheckpointStateMixin
 from .._citations import DPH, paper
-from .._common import check_prompt_ids, resolve_config, sampling_options, trainer_prompt_ids
+from .._common import check_prompt_ids, full_parameters, resolve_config, sampling_options, trainer_prompt_ids
 from .._reference import frozen_copy_of_policy
+from .._validation import check_presampled_columns, check_train_dataset
 from ..generation import pack_prompt_completion
 from ..presample import PresampleConfig, check_presample_options, presample
 from ..presample.metadata import presample_metadata
@@ -32,7 +34,7 @@ from .split import dph_split
 _PRESAMPLE_COLUMNS = ("ref_rewards", "ref_completion_ids", "ref_completion_logps", "ref_prompt_ids")
 
 
-class DPHTrainer(CheckpointStateMixin, GRPOTrainer):
+class DPHTrainer(CheckpointStateMixin, ModelCardMixin, GRPOTrainer):
     """Diversity-Preserving Hybrid RL. Takes GRPOTrainer's arguments; see [`DPHConfig`]."""
 
     _tag_names = ["trl", "grpo", "dph-rl"]
@@ -46,6 +48,9 @@ class DPHTrainer(CheckpointStateMixin, GRPOTrainer):
         args = resolve_config(model, args, DPHConfig, "DPH")
         if train_dataset is None:
             raise ValueError("DPHTrainer needs a train_dataset (prompts, or the output of trl-variants presample)")
+        check_train_dataset(train_dataset, "DPHTrainer")  # before GRPOTrainer loads the model
+        check_presampled_columns(train_dataset, _PRESAMPLE_COLUMNS, "DPHTrainer",
+                                 f"--num_samples {args.num_presamples} --record_completion_logps true")
         definition = args.divergence_form == "definition"
         super().__init__(model, reward_funcs, args=args, train_dataset=train_dataset, eval_dataset=eval_dataset,
                          **kwargs)
@@ -98,10 +103,11 @@ class DPHTrainer(CheckpointStateMixin, GRPOTrainer):
         was_training = self.model.training
         self.model.eval()
         try:
-            return presample(self.model, self.processing_class, dataset, self.reward_funcs,
-                             self._presample_config(num_samples, seed), reward_weights=self.reward_weights.tolist(),
-                             accelerator=self.accelerator, token_logps_fn=self._fused_scorer,
-                             tokenize_fn=lambda prompts: trainer_prompt_ids(self, prompts))
+            with full_parameters(self):
+                return presample(self.model, self.processing_class, dataset, self.reward_funcs,
+                                 self._presample_config(num_samples, seed), reward_weights=self.reward_weights.tolist(),
+                                 accelerator=self.accelerator, token_logps_fn=self._fused_scorer,
+                                 tokenize_fn=lambda prompts: trainer_prompt_ids(self, prompts))
         finally:
             self.model.train(was_training)
 

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 
 from trl import GRPOConfig
 
+from .._validation import check_common
+
 
 def check_whole_groups(per_device_train_batch_size: int, steps_per_generation: int, num_generations: int) -> None:
     """Each process must generate whole groups (stage 2 of a prompt follows its own stage 1 on the same process)."""
@@ -58,6 +60,7 @@ class EEPOConfig(GRPOConfig):
     unlearning_eps_high: float = field(default=1e-3, metadata={"help": "eps_R: p is clipped to at most 1 - eps_R."})
 
     def __post_init__(self):
+        check_common(self)  # options TRL accepts but that fail after the model load (issue #16)
         super().__post_init__()
         if self.entropy_gate not in ("auto", "always", "never"):
             raise ValueError(f"entropy_gate must be 'auto', 'always' or 'never', got {self.entropy_gate!r}")

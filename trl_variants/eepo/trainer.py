@@ -24,23 +24,26 @@ import torch
 from trl import GRPOTrainer
 
 from .. import losses
+from .._card import ModelCardMixin
 from .._checkpoint import CheckpointStateMixin
 from .._citations import EEPO, paper
 from .._common import resolve_config
+from .._validation import check_train_dataset
 from ..generation import pack_prompt_completion
 from .config import EEPOConfig
 
 
-class EEPOTrainer(CheckpointStateMixin, GRPOTrainer):
+class EEPOTrainer(CheckpointStateMixin, ModelCardMixin, GRPOTrainer):
     """Exploration-Enhanced Policy Optimization. Takes GRPOTrainer's arguments; see [`EEPOConfig`]."""
 
     _tag_names = ["trl", "grpo", "eepo"]
     _name = "EEPO"
-    _paper = paper("EEPO: Exploration-Enhanced Policy Optimization via Sample-Then-Forget", None, EEPO)
+    _paper = paper("EEPO: Exploration-Enhanced Policy Optimization via Sample-Then-Forget", "2510.05837", EEPO)
 
     def __init__(self, model, reward_funcs=None, args: EEPOConfig | None = None, train_dataset=None,
                  eval_dataset=None, **kwargs):
         args = resolve_config(model, args, EEPOConfig, "EEPO")
+        check_train_dataset(train_dataset, "EEPOTrainer")  # before GRPOTrainer loads the model
         for unsupported in ("tools", "environment_factory", "rollout_func"):
             if kwargs.get(unsupported) is not None:
                 raise ValueError(f"EEPOTrainer does not support {unsupported}= (two-stage rollouts are single-turn)")

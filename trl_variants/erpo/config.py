@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 
 from trl import GRPOConfig
 
+from .._validation import check_common
+
 
 @dataclass
 class ERPOConfig(GRPOConfig):
@@ -60,6 +62,7 @@ class ERPOConfig(GRPOConfig):
     reference_batch_size: int = field(default=8, metadata={"help": "Prompts per forward in the reference pass."})
 
     def __post_init__(self):
+        check_common(self)  # options TRL accepts but that fail after the model load (issue #16)
         super().__post_init__()
         if self.query_weight_source not in ("policy", "reference"):
             raise ValueError(

@@ -15,26 +15,30 @@ import torch
 from trl import GRPOTrainer
 
 from .. import losses
+from .._card import ModelCardMixin
 from .._checkpoint import CheckpointStateMixin
 from .._citations import ERPO, paper
-from .._common import check_prompt_ids, resolve_config, trainer_prompt_ids
+from .._common import check_prompt_ids, full_parameters, resolve_config, trainer_prompt_ids
+from .._validation import check_finite_column, check_train_dataset
 from ..presample import check_presample_options
 from .config import ERPOConfig
 from .reference import add_reference_prompt_logps
 
 
-class ERPOTrainer(CheckpointStateMixin, GRPOTrainer):
+class ERPOTrainer(CheckpointStateMixin, ModelCardMixin, GRPOTrainer):
     """Environment-Regularized Policy Optimization. Takes exactly GRPOTrainer's arguments; see [`ERPOConfig`]."""
 
     _tag_names = ["trl", "grpo", "erpo"]
     _name = "ERPO"
-    _paper = paper(
-        "Beyond the Stability-Exploration Dilemma: Environmental Regularization for LLM Policy Optimization", None, ERPO
+    _paper = paper(  # anonymous preprint under double-blind review: no arXiv id (the card names it, see _card.py)
+        "Beyond the Stability-Exploration Dilemma: Environmental Regularization for LLM Policy Optimization",
+        None, ERPO,
     )
 
     def __init__(self, model, reward_funcs=None, args: ERPOConfig | None = None, train_dataset=None,
                  eval_dataset=None, **kwargs):
         args = resolve_config(model, args, ERPOConfig, "ERPO")
+        check_train_dataset(train_dataset, "ERPOTrainer")  # before GRPOTrainer loads the model
         super().__init__(model, reward_funcs, args=args, train_dataset=train_dataset, eval_dataset=eval_dataset,
                          **kwargs)
         self._want_prompt_logps = False  # set around the loss forward when Query-KL needs l_theta(s)
@@ -57,6 +61,7 @@ class ERPOTrainer(CheckpointStateMixin, GRPOTrainer):
         if dataset is None:
             return dataset
         if column in dataset.column_names:  # from `trl-variants presample`, or the user's own
+            check_finite_column(dataset, column, "recompute it (drop the column and the trainer runs the reference pass)")
             check_presample_options(dataset, temperature=self.temperature)
             check_prompt_ids(self, dataset)
             return dataset
@@ -68,7 +73,7 @@ class ERPOTrainer(CheckpointStateMixin, GRPOTrainer):
             )
             return logps
 
-        with torch.no_grad():
+        with torch.no_grad(), full_parameters(self):
             return add_reference_prompt_logps(
                 dataset, self.model, self.processing_class, column=column, temperature=self.temperature,
                 batch_size=self.args.reference_batch_size, accelerator=self.accelerator, token_logps_fn=fused_scorer,
@@ -88,9 +93,9 @@ class ERPOTrainer(CheckpointStateMixin, GRPOTrainer):
             output["advantages"] = output["advantages"] * weights
             mode = "train" if self.model.training else "eval"
             all_w = self.accelerator.gather(weights)
-            self._metrics[mode]["query_weight/mean"].append(all_w.mean().item())
-            self._metrics[mode]["query_weight/min"].append(all_w.min().item())
-            self._metrics[mode]["query_weight/max"].append(all_w.max().item())
+            self._metrics[mode]["erpo/query_weight/mean"].append(all_w.mean().item())
+            self._metrics[mode]["erpo/query_weight/min"].append(all_w.min().item())
+            self._metrics[mode]["erpo/query_weight/max"].append(all_w.max().item())
         return output
 
     def _query_weights(self, inputs, output) -> torch.Tensor:
@@ -117,7 +122,7 @@ class ERPOTrainer(CheckpointStateMixin, GRPOTrainer):
         G = self.num_generations if mode == "train" else self.num_generations_eval
         l_all = self.accelerator.gather(l_rows)
         distinct = l_all[::G]
-        self._metrics[mode]["prompt_logp/mean"].append(distinct.mean().item())
+        self._metrics[mode]["erpo/prompt_logp/mean"].append(distinct.mean().item())
         w_all = losses.query_weights(distinct).repeat_interleave(G)
         rank = self.accelerator.process_index
         return w_all[rank * l_rows.numel() : (rank + 1) * l_rows.numel()]
@@ -153,6 +158,7 @@ class ERPOTrainer(CheckpointStateMixin, GRPOTrainer):
         mode = "train" if self.model.training else "eval"
         scale = self.current_gradient_accumulation_steps if mode == "train" else 1.0
         loss = loss + alpha * per_prompt.mean() / scale
-        self._metrics[mode]["query_kl"].append(self.accelerator.gather(per_prompt.detach()).mean().item())
-        self._metrics[mode]["policy_prompt_logp/mean"].append(self.accelerator.gather(l_theta.detach()).mean().item())
+        self._metrics[mode]["erpo/query_kl"].append(self.accelerator.gather(per_prompt.detach()).mean().item())
+        self._metrics[mode]["erpo/policy_prompt_logp/mean"].append(
+            self.accelerator.gather(l_theta.detach()).mean().item())
         return loss

@@ -3,15 +3,33 @@
 from __future__ import annotations
 
 from .config import COLUMNS
-from .metadata import presample_options, summarize
+from .metadata import presample_metadata, summarize
+
+CARD_MARKER = "<!-- trl-variants presample dataset card -->"
+"""First line of the card's body: tells a README this tool wrote from one a person wrote (``trl-variants presample
+--push_to_hub`` replaces the former and refuses to replace the latter without ``--hub_overwrite_card``)."""
 
 
-def dataset_card(dataset, model_id: str, dataset_id: str | None = None) -> str:
-    """A Hub dataset card (README.md) for a presampled dataset: what the columns are, the options, the summary, and
-    the citations of the methods that consume it."""
+def _source_lines(source: dict | None) -> list[str]:
+    if not source:
+        return ["- source dataset: not recorded (pass `source=` to `dataset_card`)"]
+    labels = {"dataset": "source dataset", "config": "dataset config", "split": "split"}
+    lines = [f"- {labels.get(k, k)}: `{v}`" for k, v in source.items() if v is not None and v != ""]
+    return lines or ["- source dataset: not recorded"]
+
+
+def dataset_card(dataset, model_id: str, dataset_id: str | None = None, source: dict | None = None) -> str:
+    """A Hub dataset card (README.md) for a presampled dataset: where it comes from (``source``: ``dataset``,
+    ``config``, ``split`` and any other ``name: value`` that selected the prompts), the reference model, the reward
+    functions and options recorded in its metadata, the columns, the summary, and the citations of the methods
+    that consume it."""
     from .._citations import APO, DPH, ERPO
 
-    options = presample_options(dataset) or {}
+    metadata = presample_metadata(dataset) or {}
+    options = metadata.get("options") or {}
+    reward_funcs = metadata.get("reward_funcs") or []
+    rewards = (", ".join(f"`{r}`" for r in reward_funcs) + " (the column order of `ref_rewards_per_func`)"
+               if reward_funcs else "none (no completions sampled: prompt log-likelihoods only)")
     summary = summarize(dataset)
     cols = [f"- `{c}`: {COLUMNS[c]}" for c in dataset.column_names if c in COLUMNS]
     opts = "\n".join(f"| `{k}` | `{v}` |" for k, v in sorted(options.items()))
@@ -23,12 +41,19 @@ tags:
 - presample
 ---
 
+{CARD_MARKER}
+
 # Offline reference pass{f" ({dataset_id})" if dataset_id else ""}
 
 Made by `trl-variants presample` from the reference policy `{model_id}` over {len(dataset)} prompts: stage 1 of
 A*-PO (N samples, V_hat), DPH-RL (k samples, reward split, per-token reference log-probs) and ERPO's reference
 prompt log-likelihoods. Pass it to `APOTrainer`, `DPHTrainer` or `ERPOTrainer` as `train_dataset` and no sampling
 runs before training.
+
+## Source
+{chr(10).join(_source_lines(source))}
+- reference model: `{model_id}`
+- reward functions: {rewards}
 
 ## Columns
 {chr(10).join(cols)}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 REF_PROMPT_LOGP = "ref_prompt_logp"
 COLUMNS = {
@@ -59,28 +59,80 @@ class PresampleConfig:
             ``~/.cache/trl_variants/presample``. ``use_cache=False`` recomputes and stores nothing.
     """
 
-    num_samples: int = 8
-    greedy: bool = False
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    min_p: float = 0.0
-    repetition_penalty: float = 1.0
-    generation_kwargs: dict | None = None
-    chat_template_kwargs: dict | None = None
-    max_prompt_length: int | None = None
-    max_completion_length: int = 256
-    record_prompt_logp: bool = True
-    record_completion_logps: bool = False
-    value_beta: float | None = None
-    seed: int = 0
-    generation_batch_size: int = 64
-    logprob_batch_size: int = 8
-    shard_size: int = 64
-    backend: str = "hf"
-    cache_dir: str | None = None
-    use_cache: bool = True
-    show_progress: bool = True
+    num_samples: int = field(
+        default=8,
+        metadata={"help": "Completions per prompt (A*-PO's N, DPH-RL's k); 0 records only prompt "
+                          "log-likelihoods (ERPO)."},
+    )
+    greedy: bool = field(
+        default=False, metadata={"help": "Decode greedily instead of sampling (needs num_samples 1)."}
+    )
+    temperature: float = field(
+        default=1.0,
+        metadata={"help": "Sampling temperature; log-probs are of the temperature-scaled "
+                          "distribution, as GRPOTrainer's."},
+    )
+    top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling threshold in (0, 1] (1 = off)."})
+    top_k: int = field(default=0, metadata={"help": "Top-k sampling (0 = off)."})
+    min_p: float = field(default=0.0, metadata={"help": "Min-p sampling threshold in [0, 1] (0 = off)."})
+    repetition_penalty: float = field(default=1.0, metadata={"help": "Repetition penalty (1 = off)."})
+    generation_kwargs: dict | None = field(
+        default=None,
+        metadata={"help": "Extra GenerationConfig arguments, as GRPOConfig's (JSON dict; they "
+                          "override the fields above)."},
+    )
+    chat_template_kwargs: dict | None = field(
+        default=None,
+        metadata={"help": "Extra apply_chat_template arguments for conversational prompts (JSON "
+                          "dict)."},
+    )
+    max_prompt_length: int | None = field(
+        default=None,
+        metadata={"help": "Keep the last this many prompt tokens (left truncation); None = no "
+                          "truncation."},
+    )
+    max_completion_length: int = field(default=256, metadata={"help": "Maximum new tokens per completion."})
+    record_prompt_logp: bool = field(
+        default=True, metadata={"help": "Add the ref_prompt_logp column (ERPO's l_ref)."}
+    )
+    record_completion_logps: bool = field(
+        default=False, metadata={"help": "Add per-token ref_completion_logps (DPH-RL)."}
+    )
+    value_beta: float | None = field(
+        default=None,
+        metadata={"help": "Add ref_value = V_hat with this beta1 (A*-PO; paper 0.5); None = "
+                          "skip."},
+    )
+    seed: int = field(
+        default=0, metadata={"help": "Base seed; shard i samples with seed seed * 1_000_003 + i."}
+    )
+    generation_batch_size: int = field(
+        default=64,
+        metadata={"help": "Sequences (prompt x sample) per generate call (part of the cache "
+                          "key)."},
+    )
+    logprob_batch_size: int = field(
+        default=8, metadata={"help": "Sequences per scoring forward pass (part of the cache key)."}
+    )
+    shard_size: int = field(
+        default=64,
+        metadata={"help": "Prompts per cache shard: the unit of resume and of work sharing (part "
+                          "of the cache key)."},
+    )
+    backend: str = field(
+        default="hf",
+        metadata={"help": "'hf' (transformers generate), 'vllm' (needs vllm and a GPU) or 'auto' "
+                          "(vLLM when available)."},
+    )
+    cache_dir: str | None = field(
+        default=None,
+        metadata={"help": "Where shards and the result are stored; None = $TRL_VARIANTS_CACHE or "
+                          "~/.cache/trl_variants/presample."},
+    )
+    use_cache: bool = field(
+        default=True, metadata={"help": "Reuse and store cached shards; off recomputes and stores nothing."}
+    )
+    show_progress: bool = field(default=True, metadata={"help": "Show a progress bar."})
 
     # fields that do not change the result (excluded from the cache key; the backend that runs is keyed instead)
     _NOT_IN_KEY = ("backend", "cache_dir", "use_cache", "show_progress")

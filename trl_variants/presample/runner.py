@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from .._validation import ensure_pad_token
 from ..generation import generate_completions, tokenize_prompts
 from .cache import atomic_write_json, cache_key, default_cache_dir, read_shard
 from .config import COLUMNS, REF_PROMPT_LOGP, PresampleConfig
@@ -176,6 +177,7 @@ def presample(
             model = model.to(accelerator.device)
     if tokenizer is None:
         raise ValueError("tokenizer is required when model is a model object")
+    ensure_pad_token(tokenizer)  # as GRPOTrainer: no pad token (Llama 3, Mistral) pads with EOS
 
     prompts = list(dataset["prompt"])
     if tokenize_fn is not None:
@@ -197,7 +199,13 @@ def presample(
         from datasets import load_from_disk
 
         logger.info("presample: cache hit %s", final)
-        return load_from_disk(str(final))
+        try:
+            cached_ds = load_from_disk(str(final))
+            cached_ds.data.validate()  # load_from_disk reads every record batch's header: a truncated file fails here
+            return cached_ds
+        except Exception as e:  # a truncated / corrupted arrow file: recompute it (the shards may still serve)
+            warnings.warn(f"presample: the cached dataset {final} is damaged ({type(e).__name__}: {e}); recomputing "
+                          "it; the cache entry is overwritten", stacklevel=2)
 
     vllm_llm = None
     if backend == "vllm":  # pragma: no cover - GPU only

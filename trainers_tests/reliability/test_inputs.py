@@ -1,0 +1,264 @@
+"""Validated inputs (issue #16, items 3 and 6-9): a wrong input is refused with a message naming the field, column,
+rows or path and the fix, before the model loads (the ``no_model_load`` fixture makes any load fail the test)."""
+
+from __future__ import annotations
+
+import glob
+import shutil
+import warnings
+
+import pytest
+import torch
+from datasets import Dataset
+from transformers import AutoTokenizer, PreTrainedModel
+
+from trainers_tests.helpers import small_config
+from trl_variants import (
+    DEFAULT_MODEL_PATH,
+    APOConfig,
+    APOTrainer,
+    DPHConfig,
+    DPHTrainer,
+    EEPOConfig,
+    EEPOTrainer,
+    ERPOConfig,
+    ERPOTrainer,
+    accuracy_reward,
+)
+from trl_variants._validation import check_model_reference
+from trl_variants.presample import PresampleConfig, presample
+
+TRAINERS = [(ERPOTrainer, ERPOConfig), (EEPOTrainer, EEPOConfig), (DPHTrainer, DPHConfig), (APOTrainer, APOConfig)]
+IDS = ["erpo", "eepo", "dph", "apo"]
+PROMPTS = [[{"role": "user", "content": "What is 2 + 3?"}], [{"role": "user", "content": "What is 4 + 1?"}]]
+
+
+class ModelLoaded(Exception):
+    pass
+
+
+@pytest.fixture
+def no_model_load(monkeypatch):
+    def fail(cls, *args, **kwargs):
+        raise ModelLoaded(f"{cls.__name__}.from_pretrained was called before the input was refused")
+
+    monkeypatch.setattr(PreTrainedModel, "from_pretrained", classmethod(fail))
+
+
+def _config(config_cls, tmp_path, **kw):
+    kw = {"per_device_train_batch_size": 4, "num_generations": 2, "max_steps": 1, **kw}
+    if config_cls is APOConfig:
+        kw["num_generations"] = 1
+    return small_config(config_cls, tmp_path, **kw)
+
+
+def _prompts(*prompts, **columns):
+    return Dataset.from_dict({"prompt": list(prompts), "solution": ["5"] * len(prompts), **columns})
+
+
+# ------------------------------------------------------------------------------- item 8: config time ---
+@pytest.mark.parametrize("config_cls", [c for _, c in TRAINERS], ids=IDS)
+@pytest.mark.parametrize("field,value,fix", [
+    ("temperature", 0.0, "small value"), ("temperature", float("nan"), "small value"),
+    ("max_completion_length", 0, "new tokens"), ("learning_rate", -1e-6, "1e-6"), ("top_p", 0.0, "1.0"),
+    ("num_iterations", 0, "optimization pass"), ("epsilon", -0.2, "clipping range"),
+])
+def test_config_rejects_values_that_fail_later(config_cls, field, value, fix, tmp_path):
+    with pytest.raises(ValueError, match=rf"{config_cls.__name__}\.{field} must be .*{fix}"):
+        _config(config_cls, tmp_path, **{field: value})
+
+
+@pytest.mark.parametrize("config_cls", [c for _, c in TRAINERS], ids=IDS)
+def test_config_accepts_sane_values(config_cls, tmp_path):
+    config = _config(config_cls, tmp_path, temperature=0.01, learning_rate=0.0, top_p=1.0, top_k=0)
+    assert config.temperature == 0.01
+
+
+# ------------------------------------------------------------------------------- item 8: model paths ---
+def test_model_reference_local_typo_names_the_path(tmp_path):
+    typo = str(tmp_path / "erpo-tny")
+    with pytest.raises(ValueError, match=r"--models '.*erpo-tny' does not exist.*check the spelling"):
+        check_model_reference(typo, "--models")
+
+
+def test_model_reference_relative_typo_under_existing_dir(tmp_path, monkeypatch):
+    (tmp_path / "outputs").mkdir()
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match=r"'outputs/run-typo' does not exist"):
+        check_model_reference("outputs/run-typo", "--model_name_or_path")
+
+
+def test_model_reference_hub_id_offline_not_cached(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ValueError, match=r"'no-such-org/no-such-model' is not a local directory.*HF_HUB_OFFLINE"):
+        check_model_reference("no-such-org/no-such-model", "--base_model")
+
+
+def test_model_reference_directory_without_model(tmp_path):
+    with pytest.raises(ValueError, match=r"without config.json.*save_model"):
+        check_model_reference(str(tmp_path), "--reference_model")
+
+
+def test_model_reference_accepts_the_default():
+    check_model_reference(DEFAULT_MODEL_PATH, "--model_name_or_path")
+    check_model_reference(None, "--base_model")
+
+
+def test_evaluate_cli_checks_every_model_before_evaluating(tmp_path, monkeypatch, no_model_load):
+    from trl_variants import cli
+
+    def no_eval(*args, **kwargs):
+        raise ModelLoaded("an evaluation started before all model paths were checked")
+
+    monkeypatch.setattr("trl_variants.evaluate.evaluate", no_eval)
+    monkeypatch.setattr(cli, "load_eval_dataset", no_eval)
+    argv = ["--base_model", DEFAULT_MODEL_PATH, "--models", DEFAULT_MODEL_PATH, str(tmp_path / "typo"),
+            "--output_dir", str(tmp_path / "eval")]
+    with pytest.raises(ValueError, match=r"--models '.*typo' does not exist"):
+        cli.evaluate_main(argv)
+    with pytest.raises(ValueError, match=r"--reference_model '.*nope' does not exist"):
+        cli.evaluate_main(argv[:4] + ["--reference_model", str(tmp_path / "nope")])
+
+
+def test_presample_cli_checks_the_model_path(tmp_path, monkeypatch, no_model_load):
+    from trl_variants import cli
+
+    def no_data(*args, **kwargs):
+        raise ModelLoaded("the dataset was loaded before the model path was checked")
+
+    monkeypatch.setattr(cli, "load_datasets", no_data)
+    with pytest.raises(ValueError, match=r"--model_name_or_path '\./typo-model' does not exist"):
+        cli.presample_main(["--model_name_or_path", "./typo-model", "--output_dir", str(tmp_path / "out")])
+
+
+def test_training_script_checks_the_model_path(tmp_path, monkeypatch, no_model_load):
+    from trl_variants import scripts
+
+    def no_data(*args, **kwargs):
+        raise ModelLoaded("the dataset was loaded before the model path was checked")
+
+    monkeypatch.setattr(scripts, "load_datasets", no_data)
+    argv = ["--model_name_or_path", "./typo-model", "--output_dir", str(tmp_path), "--use_cpu", "true",
+            "--report_to", "none", "--max_steps", "1"]
+    with pytest.raises(ValueError, match=r"--model_name_or_path '\./typo-model' does not exist"):
+        scripts.run_training(ERPOTrainer, ERPOConfig, None, argv=argv)
+
+
+# ------------------------------------------------------------------------------ item 9: the datasets ---
+@pytest.mark.parametrize("trainer_cls,config_cls", TRAINERS, ids=IDS)
+def test_missing_prompt_column_refused_before_model_load(trainer_cls, config_cls, tmp_path, no_model_load):
+    data = Dataset.from_dict({"question": ["What is 2 + 3?"] * 4, "solution": ["5"] * 4})
+    with pytest.raises(ValueError, match=rf"{trainer_cls.__name__}: the train_dataset has no 'prompt' column.*"
+                                         r"\['question', 'solution'\].*rename_column"):
+        trainer_cls(DEFAULT_MODEL_PATH, accuracy_reward, args=_config(config_cls, tmp_path), train_dataset=data)
+
+
+@pytest.mark.parametrize("trainer_cls,config_cls", TRAINERS, ids=IDS)
+@pytest.mark.parametrize("empty,why", [
+    ("", "empty string"), ("   ", "empty string"), ([], "no message"),
+    ([{"role": "user", "content": ""}], "only empty message contents"),
+])
+def test_empty_prompts_refused_before_model_load(trainer_cls, config_cls, empty, why, tmp_path, no_model_load):
+    if isinstance(empty, str):
+        data = _prompts("What is 2 + 3?", empty, "What is 4 + 1?", empty)
+    else:
+        data = _prompts(PROMPTS[0], empty, PROMPTS[1], empty)
+    with pytest.raises(ValueError, match=rf"{trainer_cls.__name__}: .*{why} at rows \[1, 3\] \(2 in all\).*filter"):
+        trainer_cls(DEFAULT_MODEL_PATH, accuracy_reward, args=_config(config_cls, tmp_path), train_dataset=data)
+
+
+def test_prompt_of_wrong_type_refused(tmp_path, no_model_load):
+    data = Dataset.from_dict({"prompt": [None, "What is 2 + 3?"], "solution": ["5", "5"]})
+    with pytest.raises(ValueError, match=r"type NoneType at rows \[0\]"):
+        EEPOTrainer(DEFAULT_MODEL_PATH, accuracy_reward, args=_config(EEPOConfig, tmp_path), train_dataset=data)
+
+
+def test_none_solution_refused_at_dataset_load(tmp_path):
+    from trl_variants.scripts import TrainScriptArguments, load_datasets
+
+    path = tmp_path / "data"
+    Dataset.from_dict({"prompt": ["What is 2 + 3?"] * 3, "solution": ["5", None, None]}).save_to_disk(str(path))
+    with pytest.raises(ValueError, match=r"'solution' is None at rows \[1, 2\] \(2 in all\).*--solution_column"):
+        load_datasets(TrainScriptArguments(dataset_name=str(path)))
+    # a format-only run does not read the gold answer
+    train, _ = load_datasets(TrainScriptArguments(dataset_name=str(path), reward_funcs=["format_reward"]))
+    assert len(train) == 3
+
+
+# ------------------------------------------------------------------- item 6: presampled for another trainer ---
+def test_dph_refuses_data_presampled_without_completion_logps(tmp_path, no_model_load):
+    data = _prompts(*PROMPTS, ref_prompt_logp=[-3.0, -4.0], ref_rewards=[[1.0], [0.0]])
+    with pytest.raises(ValueError, match=r"DPHTrainer: the train_dataset was presampled.*lacks \['ref_completion_ids', "
+                                         r"'ref_completion_logps', 'ref_prompt_ids'\].*--record_completion_logps true"):
+        DPHTrainer(DEFAULT_MODEL_PATH, accuracy_reward, args=_config(DPHConfig, tmp_path), train_dataset=data)
+
+
+def test_apo_refuses_data_presampled_without_values(tmp_path, no_model_load):
+    data = _prompts(*PROMPTS, ref_prompt_ids=[[1, 2], [1, 3]], ref_rewards=[[1.0], [0.0]])
+    with pytest.raises(ValueError, match=r"APOTrainer: the train_dataset was presampled.*lacks \['ref_value'\].*"
+                                         r"--value_beta 0\.5"):
+        APOTrainer(DEFAULT_MODEL_PATH, accuracy_reward, args=_config(APOConfig, tmp_path, value_beta=0.5),
+                   train_dataset=data)
+
+
+# --------------------------------------------------------------------------- item 3: ERPO's column ---
+def test_erpo_refuses_nan_reference_prompt_logp(tmp_path, tiny_model, tiny_tokenizer):
+    data = _prompts(*PROMPTS, PROMPTS[0], PROMPTS[1], ref_prompt_logp=[-3.0, float("nan"), -2.0, None])
+    with pytest.raises(ValueError, match=r"'ref_prompt_logp' must hold finite numbers; rows \[1, 3\].*drop the column"):
+        ERPOTrainer(tiny_model, accuracy_reward, args=_config(ERPOConfig, tmp_path), train_dataset=data,
+                    processing_class=tiny_tokenizer)
+
+
+# ------------------------------------------------------------------------------ item 7: no pad token ---
+@pytest.fixture
+def no_pad_tokenizer():
+    tok = AutoTokenizer.from_pretrained(DEFAULT_MODEL_PATH, padding_side="left")
+    tok.pad_token = None
+    assert tok.pad_token_id is None
+    return tok
+
+
+def _logp_config(tmp_path, **kw):
+    return PresampleConfig(num_samples=0, record_prompt_logp=True, cache_dir=str(tmp_path / "cache"),
+                           show_progress=False, **kw)
+
+
+def test_presample_without_pad_token_falls_back_to_eos(tmp_path, tiny_model, no_pad_tokenizer):
+    out = presample(tiny_model, no_pad_tokenizer, _prompts(*PROMPTS), [], _logp_config(tmp_path, use_cache=False))
+    assert no_pad_tokenizer.pad_token == no_pad_tokenizer.eos_token
+    assert all(torch.isfinite(torch.tensor(out["ref_prompt_logp"])))
+
+
+def test_presample_from_path_without_pad_token(tmp_path, no_pad_tokenizer):
+    model_dir = tmp_path / "model"
+    shutil.copytree(DEFAULT_MODEL_PATH, model_dir)
+    no_pad_tokenizer.save_pretrained(model_dir)
+    assert AutoTokenizer.from_pretrained(model_dir).pad_token is None
+    out = presample(str(model_dir), None, _prompts(*PROMPTS), [], _logp_config(tmp_path, use_cache=False))
+    assert len(out["ref_prompt_logp"]) == 2
+
+
+def test_evaluate_without_pad_token(tiny_model, no_pad_tokenizer):
+    from trl_variants.evaluate import EvalConfig, evaluate
+
+    config = EvalConfig(k=2, temperatures=[1.0], greedy=False, max_completion_length=4, compute_entropy=False)
+    result = evaluate(tiny_model, no_pad_tokenizer, _prompts(*PROMPTS), [accuracy_reward], config)
+    assert result["num_prompts"] == 2
+
+
+# -------------------------------------------------------------------------- item 9: damaged cache ---
+def test_damaged_presample_cache_is_recomputed(tmp_path, tiny_model, tiny_tokenizer):
+    data, config = _prompts(*PROMPTS), _logp_config(tmp_path)
+    first = presample(tiny_model, tiny_tokenizer, data, [], config)
+    arrows = glob.glob(str(tmp_path / "cache" / "*" / "dataset" / "*.arrow"))
+    assert len(arrows) == 1
+    with open(arrows[0], "r+b") as f:
+        f.truncate(f.seek(0, 2) // 2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        again = presample(tiny_model, tiny_tokenizer, data, [], config)
+    messages = [str(w.message) for w in caught if "damaged" in str(w.message)]
+    assert messages and "dataset" in messages[0] and "recomputing" in messages[0], messages
+    assert again["ref_prompt_logp"] == first["ref_prompt_logp"]
+    third = presample(tiny_model, tiny_tokenizer, data, [], config)  # the rewritten cache entry is sound
+    assert third["ref_prompt_logp"] == first["ref_prompt_logp"]

@@ -1,0 +1,202 @@
+"""Input checks that fire before any model loads (issue #16: "nothing silent, nothing lost, nothing hangs").
+
+Every function raises a ``ValueError`` naming the field, column, rows or path, and the fix. They are cheap: they
+read dataset columns and config values, never a model. ``docs/reliability.md`` ("Validated inputs") lists them.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+_MAX_ROWS_SHOWN = 5
+
+
+def _rows(rows: list[int]) -> str:
+    shown = ", ".join(str(i) for i in rows[:_MAX_ROWS_SHOWN])
+    return f"rows [{shown}{', ...' if len(rows) > _MAX_ROWS_SHOWN else ''}] ({len(rows)} in all)"
+
+
+# ------------------------------------------------------------------------------------------ config time ---
+def _num(value) -> float:
+    """``value`` as a float (a YAML string such as "1e-6" included); NaN when it is not a number."""
+    if isinstance(value, bool):
+        return math.nan
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def check_common(config) -> None:
+    """Options of ``GRPOConfig`` that TRL 1.16 accepts but that fail later (after the model load, or the reference
+    pass): sampling, lengths, learning rate, PPO clipping. ``GRPOConfig`` itself already checks
+    ``num_generations >= 2`` and the batch / generation-batch divisibility, so those are not repeated here."""
+    name = type(config).__name__
+
+    def bad(field: str, value, want: str, fix: str):
+        raise ValueError(f"{name}.{field} must be {want}, got {value!r}: {fix}")
+
+    t = config.temperature
+    if not (math.isfinite(_num(t)) and _num(t) > 0):
+        bad("temperature", t, "a finite number > 0", "log-probs are divided by it; for near-greedy sampling use a "
+            "small value such as 0.01")
+    m = config.max_completion_length
+    if m is not None and not _num(m) >= 1:
+        bad("max_completion_length", m, "an integer >= 1", "set the number of new tokens to generate, e.g. 256")
+    lr = config.learning_rate
+    if not (math.isfinite(_num(lr)) and _num(lr) >= 0):
+        bad("learning_rate", lr, "a finite number >= 0", "use e.g. 1e-6 (0 freezes the weights)")
+    p = config.top_p
+    if not 0 < _num(p) <= 1:
+        bad("top_p", p, "in (0, 1]", "1.0 disables nucleus sampling")
+    k = config.top_k
+    if k is not None and not _num(k) >= 0:
+        bad("top_k", k, "an integer >= 0", "0 disables top-k filtering")
+    mp = getattr(config, "min_p", None)
+    if mp is not None and not 0 <= _num(mp) <= 1:
+        bad("min_p", mp, "None or in [0, 1]", "None disables min-p filtering")
+    rp = config.repetition_penalty
+    if not (math.isfinite(_num(rp)) and _num(rp) > 0):
+        bad("repetition_penalty", rp, "a finite number > 0", "1.0 disables the penalty")
+    if not _num(config.num_iterations) >= 1:
+        bad("num_iterations", config.num_iterations, "an integer >= 1", "1 is one optimization pass per generation")
+    for field in ("epsilon", "epsilon_high"):
+        e = getattr(config, field, None)
+        if e is not None and not (math.isfinite(_num(e)) and _num(e) >= 0):
+            bad(field, e, "a finite number >= 0", "it is the PPO clipping range, e.g. 0.2")
+
+
+# ---------------------------------------------------------------------------------------- model paths ---
+def _offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _looks_local(text: str) -> bool:
+    if text.startswith((".", "/", "~")) or "\\" in text:
+        return True
+    head = text.split("/")[0]
+    return "/" in text and bool(head) and os.path.isdir(head)  # "outputs/run-typo" where outputs/ exists
+
+
+def _in_hub_cache(repo_id: str) -> bool:
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:  # pragma: no cover - transformers depends on it
+        return True
+    try:
+        return any(isinstance(try_to_load_from_cache(repo_id, f), str)
+                   for f in ("config.json", "adapter_config.json"))
+    except Exception:  # an invalid repo id
+        return False
+
+
+def check_model_reference(name_or_path, option: str = "model") -> None:
+    """Refuse, before loading, a model path that does not exist or (with ``HF_HUB_OFFLINE`` set) a Hub id that is not
+    in the local cache: transformers would only say it "couldn't connect to huggingface.co", without the path."""
+    if name_or_path is None or not isinstance(name_or_path, str | os.PathLike):
+        return  # a model object, or nothing asked
+    text = str(name_or_path)
+    path = Path(text).expanduser()
+    if path.exists():
+        if path.is_dir() and not any((path / f).exists() for f in ("config.json", "adapter_config.json")):
+            raise ValueError(f"{option} {text!r} is a directory without config.json or adapter_config.json: not a "
+                             "saved model. Pass the directory a trainer's save_model() wrote (or a checkpoint-N)")
+        return
+    if _looks_local(text):
+        raise ValueError(f"{option} {text!r} does not exist (resolved to {path.resolve()}): check the spelling "
+                         "and the working directory, or pass a Hub id (org/name)")
+    if _offline() and not _in_hub_cache(text):
+        raise ValueError(f"{option} {text!r} is not a local directory and not in the Hugging Face cache, and "
+                         "HF_HUB_OFFLINE is set: check the spelling, pass a local model directory, or download it "
+                         "once with HF_HUB_OFFLINE unset")
+
+
+# -------------------------------------------------------------------------------------------- datasets ---
+def _prompt_problem(prompt) -> str | None:
+    if isinstance(prompt, str):
+        return "empty string" if not prompt.strip() else None
+    if isinstance(prompt, list | tuple):
+        if not prompt:
+            return "no message"
+        if not all(isinstance(m, dict) and "content" in m for m in prompt):
+            return "a message that is not a {'role', 'content'} dict"
+        for m in prompt:
+            c = m["content"]
+            if isinstance(c, str) and c.strip():
+                return None
+            if isinstance(c, list) and any(not isinstance(part, dict) or part.get("type") != "text"
+                                           or str(part.get("text") or "").strip() for part in c):
+                return None
+        return "only empty message contents"
+    return f"type {type(prompt).__name__}"
+
+
+def check_train_dataset(dataset, trainer_name: str, split: str = "train_dataset") -> None:
+    """A ``prompt`` column, and no empty prompt (empty string, no message, or only empty contents), naming rows."""
+    if dataset is None or isinstance(dataset, dict):
+        return
+    columns = getattr(dataset, "column_names", None)
+    if columns is None:  # an IterableDataset without known features: checked by TRL when it is read
+        return
+    if "prompt" not in columns:
+        raise ValueError(f"{trainer_name}: the {split} has no 'prompt' column (columns: {columns}); rename the prompt "
+                         "column with dataset.rename_column(..., 'prompt')")
+    if not hasattr(dataset, "__len__"):
+        return
+    problems: dict[str, list[int]] = {}
+    for i, prompt in enumerate(dataset["prompt"]):
+        why = _prompt_problem(prompt)
+        if why is not None:
+            problems.setdefault(why, []).append(i)
+    if problems:
+        detail = "; ".join(f"{why} at {_rows(rows)}" for why, rows in problems.items())
+        raise ValueError(f"{trainer_name}: the {split}'s 'prompt' column has unusable prompts ({detail}): a prompt "
+                         "must be a non-empty string or a non-empty list of chat messages. Remove them, e.g. "
+                         "dataset.filter(...)")
+
+
+def check_presampled_columns(dataset, needed, trainer_name: str, option: str) -> None:
+    """A dataset that already has presample columns but not the ones this trainer needs was presampled for another
+    trainer: name the missing columns and the ``trl-variants presample`` option that makes them."""
+    from .presample.config import COLUMNS
+
+    columns = dataset.column_names
+    present = [c for c in COLUMNS if c in columns]
+    missing = [c for c in needed if c not in columns]
+    if present and missing:
+        raise ValueError(f"{trainer_name}: the train_dataset was presampled (it has {present}) but lacks {missing}, "
+                         f"which {trainer_name} needs. Presample the original prompts again with `trl-variants "
+                         f"presample {option}`, or pass the prompts without the presample columns and the trainer "
+                         "runs the pass itself")
+
+
+def check_finite_column(dataset, column: str, fix: str) -> None:
+    """Every value of ``column`` is a finite number (naming the rows that are not)."""
+    bad = [i for i, v in enumerate(dataset[column])
+           if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v)]
+    if bad:
+        example = dataset[bad[0]][column]
+        raise ValueError(f"column {column!r} must hold finite numbers; {_rows(bad)} do not (e.g. {example!r}): {fix}")
+
+
+def check_no_none(dataset, column: str, fix: str) -> None:
+    """No ``None`` in ``column`` (naming the rows); a column that is absent is left to the reward's own check."""
+    columns = getattr(dataset, "column_names", None)
+    if columns is None or column not in columns or not hasattr(dataset, "__len__"):
+        return
+    bad = [i for i, v in enumerate(dataset[column]) if v is None]
+    if bad:
+        raise ValueError(f"column {column!r} is None at {_rows(bad)}: {fix}")
+
+
+# ---------------------------------------------------------------------------------------------- tokenizer ---
+def ensure_pad_token(tokenizer):
+    """As ``GRPOTrainer`` does: a tokenizer without a pad token pads with its EOS token (Llama 3, Mistral)."""
+    if tokenizer is not None and getattr(tokenizer, "pad_token", None) is None:
+        if getattr(tokenizer, "eos_token", None) is None:
+            raise ValueError(f"the tokenizer {getattr(tokenizer, 'name_or_path', '')!r} has neither a pad token nor an "
+                             "EOS token: set tokenizer.pad_token before passing it")
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
