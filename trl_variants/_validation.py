@@ -145,6 +145,9 @@ def check_train_dataset(dataset, trainer_name: str, split: str = "train_dataset"
                          "column with dataset.rename_column(..., 'prompt')")
     if not hasattr(dataset, "__len__"):
         return
+    if len(dataset) == 0 and split == "train_dataset":
+        raise ValueError(f"{trainer_name}: the {split} has no rows: training would run 0 steps and save the untouched "
+                         "model. Check the dataset split and any filter (e.g. --filter_column / --filter_values)")
     problems: dict[str, list[int]] = {}
     for i, prompt in enumerate(dataset["prompt"]):
         why = _prompt_problem(prompt)
