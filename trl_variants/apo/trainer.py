@@ -23,14 +23,21 @@ from .. import losses
 from .._card import ModelCardMixin
 from .._checkpoint import CheckpointStateMixin
 from .._citations import APO, paper
-from .._common import check_prompt_ids, full_parameters, resolve_config, sampling_options, trainer_prompt_ids
+from .._common import (
+    FiniteLossMixin,
+    check_prompt_ids,
+    full_parameters,
+    resolve_config,
+    sampling_options,
+    trainer_prompt_ids,
+)
 from .._reference import frozen_copy_of_policy
 from .._validation import check_presampled_columns, check_train_dataset
 from ..presample import PresampleConfig, check_presample_options, presample
 from .config import APOConfig
 
 
-class APOTrainer(CheckpointStateMixin, ModelCardMixin, GRPOTrainer):
+class APOTrainer(CheckpointStateMixin, ModelCardMixin, FiniteLossMixin, GRPOTrainer):
     """A*-PO. Takes GRPOTrainer's arguments; see [`APOConfig`]."""
 
     _tag_names = ["trl", "a-star-po"]

@@ -22,7 +22,14 @@ from .. import losses
 from .._card import ModelCardMixin
 from .._checkpoint import CheckpointStateMixin
 from .._citations import DPH, paper
-from .._common import check_prompt_ids, full_parameters, resolve_config, sampling_options, trainer_prompt_ids
+from .._common import (
+    FiniteLossMixin,
+    check_prompt_ids,
+    full_parameters,
+    resolve_config,
+    sampling_options,
+    trainer_prompt_ids,
+)
 from .._reference import frozen_copy_of_policy
 from .._validation import check_presampled_columns, check_train_dataset
 from ..generation import pack_prompt_completion
@@ -34,7 +41,7 @@ from .split import dph_split
 _PRESAMPLE_COLUMNS = ("ref_rewards", "ref_completion_ids", "ref_completion_logps", "ref_prompt_ids")
 
 
-class DPHTrainer(CheckpointStateMixin, ModelCardMixin, GRPOTrainer):
+class DPHTrainer(CheckpointStateMixin, ModelCardMixin, FiniteLossMixin, GRPOTrainer):
     """Diversity-Preserving Hybrid RL. Takes GRPOTrainer's arguments; see [`DPHConfig`]."""
 
     _tag_names = ["trl", "grpo", "dph-rl"]

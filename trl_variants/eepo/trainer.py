@@ -27,13 +27,13 @@ from .. import losses
 from .._card import ModelCardMixin
 from .._checkpoint import CheckpointStateMixin
 from .._citations import EEPO, paper
-from .._common import resolve_config
+from .._common import FiniteLossMixin, resolve_config
 from .._validation import check_train_dataset
 from ..generation import pack_prompt_completion
 from .config import EEPOConfig
 
 
-class EEPOTrainer(CheckpointStateMixin, ModelCardMixin, GRPOTrainer):
+class EEPOTrainer(CheckpointStateMixin, ModelCardMixin, FiniteLossMixin, GRPOTrainer):
     """Exploration-Enhanced Policy Optimization. Takes GRPOTrainer's arguments; see [`EEPOConfig`]."""
 
     _tag_names = ["trl", "grpo", "eepo"]

@@ -18,14 +18,14 @@ from .. import losses
 from .._card import ModelCardMixin
 from .._checkpoint import CheckpointStateMixin
 from .._citations import ERPO, paper
-from .._common import check_prompt_ids, full_parameters, resolve_config, trainer_prompt_ids
+from .._common import FiniteLossMixin, check_prompt_ids, full_parameters, resolve_config, trainer_prompt_ids
 from .._validation import check_finite_column, check_train_dataset
 from ..presample import check_presample_options
 from .config import ERPOConfig
 from .reference import add_reference_prompt_logps
 
 
-class ERPOTrainer(CheckpointStateMixin, ModelCardMixin, GRPOTrainer):
+class ERPOTrainer(CheckpointStateMixin, ModelCardMixin, FiniteLossMixin, GRPOTrainer):
     """Environment-Regularized Policy Optimization. Takes exactly GRPOTrainer's arguments; see [`ERPOConfig`]."""
 
     _tag_names = ["trl", "grpo", "erpo"]
