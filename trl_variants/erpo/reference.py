@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from .._validation import check_train_dataset
 from ..generation import tokenize_prompts
 from ..presample.config import REF_PROMPT_LOGP
 from ..presample.logprobs import check_prompt_lengths, prompt_logps_from_ids
-from ..presample.runner import check_prompt_column
 
 
 def reference_prompt_logps(
@@ -33,7 +33,7 @@ def add_reference_prompt_logps(
     from accelerate.utils import gather_object
     from tqdm.auto import tqdm
 
-    check_prompt_column(dataset)
+    check_train_dataset(dataset, "ERPO reference pass", split="dataset")
     rank, world = (accelerator.process_index, accelerator.num_processes) if accelerator else (0, 1)
     per = -(-len(dataset) // world)
     mine = list(range(rank * per, min(len(dataset), (rank + 1) * per)))

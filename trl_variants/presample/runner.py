@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from .._validation import ensure_pad_token
+from .._validation import check_train_dataset, ensure_pad_token
 from ..generation import generate_completions, tokenize_prompts
 from .cache import atomic_write_json, cache_key, default_cache_dir, read_shard
 from .config import COLUMNS, REF_PROMPT_LOGP, PresampleConfig
@@ -22,12 +22,6 @@ from .metadata import summarize, with_metadata
 from .reward_calls import check_reward_columns, reward_fingerprint, reward_name, score_completions
 
 logger = logging.getLogger(__name__)
-
-
-def check_prompt_column(dataset):
-    if "prompt" not in dataset.column_names:
-        raise ValueError(f"the dataset has no 'prompt' column (columns: {dataset.column_names}); rename your prompt "
-                         "column to 'prompt'")
 
 
 def _generate_vllm(llm, prompt_ids, config: PresampleConfig, shard_seed: int, eos_ids):  # pragma: no cover - GPU
@@ -155,7 +149,7 @@ def presample(
     reward_funcs = [reward_funcs] if callable(reward_funcs) else list(reward_funcs)
     reward_weights = [1.0] * len(reward_funcs) if reward_weights is None else list(reward_weights)
     # --- every check before any expensive work ---
-    check_prompt_column(dataset)
+    check_train_dataset(dataset, "presample", split="dataset")  # a prompt column, no empty prompt
     if len(dataset) == 0:
         raise ValueError("the dataset is empty")
     if config.num_samples > 0 and not reward_funcs:
