@@ -138,3 +138,41 @@ def hinted_tokenizer():
     tok = AutoTokenizer.from_pretrained(DEFAULT_MODEL_PATH)
     tok.chat_template = HINT_TEMPLATE
     return tok
+
+
+def _trainer_classes():
+    from trl_variants import (
+        APOConfig,
+        APOTrainer,
+        DPHConfig,
+        DPHTrainer,
+        EEPOConfig,
+        EEPOTrainer,
+        ERPOConfig,
+        ERPOTrainer,
+    )
+
+    return {"erpo": (ERPOTrainer, ERPOConfig), "eepo": (EEPOTrainer, EEPOConfig), "dph": (DPHTrainer, DPHConfig),
+            "apo": (APOTrainer, APOConfig)}
+
+
+TRAINERS = _trainer_classes()
+"""Each method's (trainer class, config class), by short name."""
+
+# The smallest settings of each method's own options that still run its offline pass.
+SMALL_METHOD_ARGS = {"erpo": {}, "eepo": {}, "dph": dict(num_presamples=2, pef_threshold=2),
+                     "apo": dict(num_generations=1, num_value_samples=2)}
+
+
+def small_trainer(method, tmp_path, dataset=None, reward_funcs=None, **overrides):
+    """A ``method`` trainer on the tiny default with :func:`small_config` and the smallest offline pass (cached under
+    ``tmp_path``)."""
+    from trl_variants import accuracy_reward
+
+    trainer_cls, config_cls = TRAINERS[method]
+    kwargs = dict(SMALL_METHOD_ARGS[method], **overrides)
+    if method in ("dph", "apo"):
+        kwargs.setdefault("presample_cache_dir", str(tmp_path / "cache"))
+    return trainer_cls(model=DEFAULT_MODEL_PATH, reward_funcs=reward_funcs or accuracy_reward,
+                       args=small_config(config_cls, tmp_path, **kwargs),
+                       train_dataset=dataset if dataset is not None else train_dataset(16))

@@ -5,41 +5,25 @@ from __future__ import annotations
 
 import pytest
 
-from trl_variants import (
-    DEFAULT_MODEL_PATH,
-    APOConfig,
-    APOTrainer,
-    DPHConfig,
-    DPHTrainer,
-    EEPOConfig,
-    EEPOTrainer,
-    ERPOConfig,
-    ERPOTrainer,
-    accuracy_reward,
-)
+from trl_variants import DEFAULT_MODEL_PATH
 from trl_variants._card import fix_model_card
 
-from .helpers import small_config, train_dataset
+from .helpers import small_trainer, train_dataset
 
-# trainer, config, extra config, arXiv id (None: no arXiv id), a distinctive piece of the method's citation
+# arXiv id (None: no arXiv id), a distinctive piece of the method's citation
 CASES = {
-    "erpo": (ERPOTrainer, ERPOConfig, {}, None, "@misc{erpo2025,"),
-    "eepo": (EEPOTrainer, EEPOConfig, {}, "2510.05837", "Hinrich Sch{\\\"u}tze and Kam-Fai Wong"),
-    "dph": (DPHTrainer, DPHConfig, dict(num_presamples=2, pef_threshold=2), "2509.07430", "@article{li2025choice,"),
-    "apo": (APOTrainer, APOConfig, dict(num_value_samples=2, num_generations=1), "2505.20686",
-            "@article{brantley2025accelerating,"),
+    "erpo": (None, "@misc{erpo2025,"),
+    "eepo": ("2510.05837", "Hinrich Sch{\\\"u}tze and Kam-Fai Wong"),
+    "dph": ("2509.07430", "@article{li2025choice,"),
+    "apo": ("2505.20686", "@article{brantley2025accelerating,"),
 }
 
 
 @pytest.mark.parametrize("method", list(CASES))
 def test_card_links_paper_and_names_local_base_model(tmp_path, method):
-    trainer_cls, config_cls, extra, arxiv_id, citation = CASES[method]
-    extra = dict(extra, max_completion_length=8)
-    if method in ("dph", "apo"):
-        extra["presample_cache_dir"] = str(tmp_path / "cache")
+    arxiv_id, citation = CASES[method]
     out = tmp_path / "out"
-    trainer = trainer_cls(model=DEFAULT_MODEL_PATH, reward_funcs=accuracy_reward,
-                          args=small_config(config_cls, out, **extra), train_dataset=train_dataset(8))
+    trainer = small_trainer(method, out, dataset=train_dataset(8), max_completion_length=8)
     trainer.create_model_card(model_name="tiny-" + method)
     card = (out / "README.md").read_text()
     title = trainer._paper["title"]

@@ -12,6 +12,7 @@ import torch
 from datasets import Dataset
 from transformers import AutoTokenizer, PreTrainedModel
 
+from trainers_tests.helpers import TRAINERS as ALL_TRAINERS
 from trainers_tests.helpers import small_config
 from trl_variants import (
     DEFAULT_MODEL_PATH,
@@ -28,8 +29,8 @@ from trl_variants import (
 from trl_variants._validation import check_model_reference
 from trl_variants.presample import PresampleConfig, presample
 
-TRAINERS = [(ERPOTrainer, ERPOConfig), (EEPOTrainer, EEPOConfig), (DPHTrainer, DPHConfig), (APOTrainer, APOConfig)]
-IDS = ["erpo", "eepo", "dph", "apo"]
+TRAINERS = list(ALL_TRAINERS.values())
+IDS = list(ALL_TRAINERS)
 PROMPTS = [[{"role": "user", "content": "What is 2 + 3?"}], [{"role": "user", "content": "What is 4 + 1?"}]]
 
 
