@@ -8,7 +8,8 @@ For each group of G completions, inside GRPO's generation step (``_generate_sing
    of the stage-1 tokens, minimising ``mean_seq mean_tok -log(1 - clip(p, eps_L, 1 - eps_R))`` (eq. 7-11);
 4. sample the other G/2 completions from the updated rollout model, and score them under it (their old log-probs;
    on rollouts that will be logged, stage 1 is re-scored in the same forward to report how much the step lowered it);
-5. restore the weights bit for bit; then GRPO's update on all G completions as usual.
+5. restore the weights bit for bit; then GRPO's update on all G completions as usual, each row's old log-probs (and,
+   with vLLM, its sampler/trainer importance-sampling correction) taken against the weights that sampled it.
 
 The temporary gradient is taken with ``torch.autograd.grad`` on the unwrapped module (nothing is accumulated into
 ``.grad``, no DDP hook fires, the optimizer never sees it), of this process's share of the mean over ALL stage-1
@@ -18,10 +19,10 @@ sequences of the global batch, and summed over processes: every process applies 
 from __future__ import annotations
 
 import collections
-import warnings
 
 import torch
 from trl import GRPOTrainer
+from trl.trainer.utils import nanmax, nanmin
 
 from .. import losses
 from .._card import ModelCardMixin
@@ -54,7 +55,8 @@ class EEPOTrainer(CheckpointStateMixin, ModelCardMixin, FiniteLossMixin, GRPOTra
             raise ValueError("EEPO's unlearning step edits full parameters in place: it supports DDP, ZeRO-1/2 and "
                              "PEFT, not ZeRO-3 or FSDP (use zero2.yaml, or entropy_gate='never')")
         self._entropy_history: collections.deque[float] = collections.deque(maxlen=args.entropy_window)
-        self._pending_old_logps: list[list[float]] | None = None
+        self._pending_old_logps: list[list[float]] | None = None  # per row, set by an unlearning rollout
+        self._pending_stage2: list[int] | None = None  # that rollout's stage-2 rows
 
     # ------------------------------------------------------------------------------------ checkpoint state ---
     def _extra_state(self) -> dict:
@@ -65,7 +67,7 @@ class EEPOTrainer(CheckpointStateMixin, ModelCardMixin, FiniteLossMixin, GRPOTra
 
     # ------------------------------------------------------------------------------------------ the rollout ---
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
-        self._pending_old_logps = None
+        self._pending_old_logps = self._pending_stage2 = None
         if not self.model.training or self.args.entropy_gate == "never":
             return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations,
                                                  has_tool_images)
@@ -139,22 +141,60 @@ class EEPOTrainer(CheckpointStateMixin, ModelCardMixin, FiniteLossMixin, GRPOTra
         rows1 = [lp[m.bool()].tolist() for lp, m in zip(before1, mask1, strict=True)]
         rows2 = [lp[m.bool()].tolist() for lp, m in zip(old2, mask2, strict=True)]
         self._pending_old_logps = self._interleave(stage1, stage2, rows1, rows2, None, None)[0]
+        self._pending_stage2 = stage2
         return self._interleave(stage1, stage2, c1, c2, lp1, lp2)
 
     def _generate_and_score_completions(self, inputs):
-        self._pending_old_logps = None
+        """GRPO's scoring, then each row's old log-probs (and, with vLLM, its sampler/trainer correction) taken
+        against the weights that sampled it: stage 1 the policy (TRL's own values), stage 2 the unlearned model."""
+        self._pending_old_logps = self._pending_stage2 = None
         output = super()._generate_and_score_completions(inputs)
-        rows, self._pending_old_logps = self._pending_old_logps, None
-        if rows is not None:
-            old = torch.zeros_like(output["completion_ids"], dtype=torch.float32)
-            for i, r in enumerate(rows):
-                old[i, : len(r)] = torch.tensor(r, dtype=torch.float32)
-            output["old_per_token_logps"] = old
-            if "importance_sampling_ratio" in output:  # vLLM: the stage-2 sampler was the unlearned model
-                warnings.warn("EEPO with vLLM: the sampler/trainer mismatch correction is not applied to stage-2 "
-                              "rows (their old log-probs come from the unlearned weights)", stacklevel=2)
-                output["importance_sampling_ratio"] = torch.ones_like(output["importance_sampling_ratio"])
+        rows, stage2 = self._pending_old_logps, self._pending_stage2
+        self._pending_old_logps = self._pending_stage2 = None
+        if rows is None:  # no unlearning step: every row came from the policy, TRL's output is right as is
+            return output
+        old = torch.zeros_like(output["completion_ids"], dtype=torch.float32)
+        for i, r in enumerate(rows):
+            old[i, : len(r)] = torch.tensor(r, dtype=torch.float32)
+        if output.get("old_per_token_logps") is not None:  # TRL scored every row under the policy: keep stage 1
+            trl_old, idx = output["old_per_token_logps"], torch.tensor(stage2, device=old.device)
+            trl_old[idx] = old[idx].to(trl_old.dtype)
+            old = trl_old
+        output["old_per_token_logps"] = old
+        if "importance_sampling_ratio" in output:  # vLLM: stage 2 was sampled by the engine holding unlearned weights
+            self._correct_stage2_sampling(output, stage2)
         return output
+
+    def _correct_stage2_sampling(self, output, stage2):
+        """vLLM's sampler/trainer correction of the stage-2 rows, against the model that sampled them.
+
+        TRL computed ``exp(old - sampling)`` with ``old`` under the policy for every row. Stage 1 was sampled by the
+        engine holding the policy: TRL's ratio stays. Stage 2 was sampled by the engine holding the unlearned
+        weights, so its ratio is recomputed from its old log-probs under those weights (same mode and bounds,
+        ``losses.vllm_importance_sampling_ratio``), and TRL's ``sampling/*`` metrics are recomputed to describe the
+        ratios actually applied (same definitions and cross-process aggregation as TRL's)."""
+        idx = torch.tensor(stage2, device=output["completion_mask"].device)
+        old, sampling, mask = output["old_per_token_logps"], output["sampling_per_token_logps"], output["completion_mask"]
+        ratio = output["importance_sampling_ratio"]
+        ratio[idx] = losses.vllm_importance_sampling_ratio(
+            old[idx], sampling[idx], mask[idx], self.vllm_importance_sampling_mode,
+            self.vllm_importance_sampling_clip_min, self.vllm_importance_sampling_clip_max).to(ratio.dtype)
+
+        def min_mean_max(x):
+            return torch.stack([x.min(), x.mean(), x.max()]) if x.numel() else torch.zeros(3, device=x.device)
+
+        delta = (old - sampling).abs()[mask.bool()]
+        sequence_level = self.vllm_importance_sampling_mode.startswith("sequence")
+        stats = torch.cat([min_mean_max(delta[~delta.isnan()]),
+                           min_mean_max(ratio.flatten() if sequence_level else ratio[mask.bool()])])
+        stats = self.accelerator.gather(stats[None].float()).view(-1, 6)  # one row per process
+        metrics = self._metrics["train"]
+        for name, value in (("sampling/sampling_logp_difference/mean", stats[:, 1].mean()),
+                            ("sampling/sampling_logp_difference/max", stats[:, 2].max()),
+                            ("sampling/importance_sampling_ratio/min", nanmin(stats[:, 3])),
+                            ("sampling/importance_sampling_ratio/mean", stats[:, 4].nanmean()),
+                            ("sampling/importance_sampling_ratio/max", nanmax(stats[:, 5]))):
+            metrics[name][-1] = value.item()  # TRL appended this rollout's value last
 
     # --------------------------------------------------------------------------------------------- helpers ---
     def _score(self, model, prompts, completions, entropy=False):
@@ -195,6 +235,6 @@ class EEPOTrainer(CheckpointStateMixin, ModelCardMixin, FiniteLossMixin, GRPOTra
                 b[i] = b2[k]
         return a, b
 
-    def _sync_vllm(self):  # pragma: no cover - GPU only
+    def _sync_vllm(self):
         if self.use_vllm:
             self.vllm_generation.sync_weights()
