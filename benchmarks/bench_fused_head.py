@@ -5,7 +5,7 @@ against full logits over the completion positions (what TRL's experimental A2POT
     python benchmarks/bench_fused_head.py --model tiny        # the shipped 100-token-vocabulary model
 
 Each (repetition, method) runs in a fresh child process (peak memory = its max RSS on CPU, or
-``torch.cuda.max_memory_allocated`` on GPU), interleaved. Writes ``docs/bench_fused_head.{json,md}``.
+``torch.cuda.max_memory_allocated`` on GPU), interleaved. Writes ``results/benchmarks/bench_fused_head.{json,md}``.
 
 Why it exists: on CPU, APOTrainer is slower and heavier than A2POTrainer with a large vocabulary
 (docs/RESULTS.md). This isolates the one computation the two do differently. Without Triton, TRL 1.16 folds the
@@ -82,7 +82,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--gpu", action="store_true")
-    ap.add_argument("--out", default=str(ROOT / "docs" / "bench_fused_head"))
+    ap.add_argument("--out", default=str(ROOT / "results" / "benchmarks" / "bench_fused_head"))
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--model_path", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -104,6 +104,7 @@ def main() -> None:
         s["time_ratio"], s["mem_ratio"] = s["time_s"] / base["time_s"], s["peak_mem_mb"] / base["peak_mem_mb"]
     meta = {k: getattr(args, k) for k in ("model", "rows", "prompt_len", "completion_len", "reps", "steps", "gpu")}
     meta["vocab"] = runs["full_logits"][0]["vocab"]
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out + ".json").write_text(json.dumps({"settings": meta, "summary": summary, "runs": runs}, indent=1))
     lines = [f"Settings: {meta}", "", "| method | fwd+bwd (s) | peak mem (MB) | time / full logits | mem / full logits |",
              "|---|---|---|---|---|"]

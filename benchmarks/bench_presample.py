@@ -4,7 +4,7 @@ same N, same lengths, same prompts per generate call, interleaved in one process
     python benchmarks/bench_presample.py [--prompts 128 --N 8 --reps 3]
 
 Reported: median wall time of each (min-max), their ratio, and the time of a second, cached call of ours (what a
-resumed or repeated run pays). Writes docs/bench_presample.json / .md.
+resumed or repeated run pays). Writes results/benchmarks/bench_presample.json / .md.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def main():
     ap.add_argument("--max_completion_length", type=int, default=56)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--out", default=str(ROOT / "docs" / "bench_presample"))
+    ap.add_argument("--out", default=str(ROOT / "results" / "benchmarks" / "bench_presample"))
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -73,6 +73,7 @@ def main():
               "ratio_ours_over_a2po": med["trl_variants"] / med["a2po"],
               "ratio_cached_over_a2po": med["trl_variants_cached"] / med["a2po"],
               "mean_value_ours": v_ours, "mean_value_a2po": v_a2po}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out + ".json").write_text(json.dumps(result, indent=1))
     lines = [f"Settings: {vars(args)}", "", "| stage 1 | median s [min-max] | ratio to A2PO |", "|---|---|---|"]
     for k in ("a2po", "trl_variants", "trl_variants_cached"):

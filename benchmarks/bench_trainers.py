@@ -7,7 +7,7 @@ Each (repetition, variant) runs in a fresh child process (so peak memory is per 
 (so machine noise hits all variants alike). A child builds the trainer on the same model, prompts and lengths,
 runs ``--warmup`` steps, then times ``--steps`` steps. Reported: median step time [min-max], median time per
 training prompt, peak memory (CPU: max RSS of the child; GPU: torch.cuda.max_memory_allocated), and each ratio to
-its baseline. Writes ``docs/benchmarks.json`` and ``docs/benchmarks.md``.
+its baseline. Writes ``results/benchmarks/benchmarks.json`` and ``.md`` (``--out`` sets the path stem).
 
 ``--model tiny`` is the shipped 1M-parameter model; ``--model medium`` is a randomly initialised 25M-parameter
 Llama with the same tokenizer (completions run to full length; weights are large enough for a reference copy to
@@ -244,7 +244,7 @@ def main() -> None:
                     help="format_reward (default) costs the same on every text, so reward parsing cannot make one "
                          "variant's steps slower than another's")
     ap.add_argument("--gpu", action="store_true")
-    ap.add_argument("--out", default=str(ROOT / "docs" / "benchmarks"))
+    ap.add_argument("--out", default=str(ROOT / "results" / "benchmarks" / "benchmarks"))
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--model_path", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()

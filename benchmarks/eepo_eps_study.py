@@ -6,7 +6,7 @@ For each (eps_L, eps_R) the same stage-1 samples (fixed seed, 32 prompts x G/2 =
 the paper's eta = 3e-3, then stage 2 is sampled. Reported: the fraction of stage-1 tokens whose p lies above
 1 - eps_R (their gradient is zero: the step cannot touch them), the mean change of the stage-1 sequence
 log-probs caused by the step (negative = the step did its job), stage-2 entropy and accuracy (stays usable?).
-Writes docs/eepo_eps_study.md.
+Writes results/eepo_eps_study/eepo_eps_study.md.
 """
 
 from __future__ import annotations
@@ -64,7 +64,9 @@ def main():
             lines.append(f"| {eps_low:g} | {eps_high:g} | {eta:g} | {r['clipped_high']:.1%} | {r['logp_change']:+.4f} | "
                          f"{r['entropy1']:.3f} -> {r['entropy2']:.3f} | {r['acc2']:.1%} |")
             print(lines[-1], flush=True)
-    (ROOT / "docs" / "eepo_eps_study.md").write_text("\n".join(lines) + "\n")
+    path = ROOT / "results" / "eepo_eps_study" / "eepo_eps_study.md"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

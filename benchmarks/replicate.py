@@ -1,16 +1,23 @@
-"""Small-scale replication of the four papers' headline claims on the embedded default (CPU, offline).
+"""Each paper's claim, tested at toy scale against TRL's own GRPOTrainer, with 95% confidence intervals over seeds.
 
-    python benchmarks/replicate.py                     # 2 seeds, 150 steps each, ~30-40 min on 2 cores
-    python benchmarks/replicate.py --seeds 0 --steps 60  # quick look
-    python benchmarks/replicate.py --methods grpo erpo --base_model outputs/tiny-prompt-trained \
-        --out docs/replication_prompt_trained          # ERPO's Query-KL claim on a base that learned its prompts
+    python benchmarks/replicate.py                                 # the committed results/replication/ (see README)
+    python benchmarks/replicate.py --seeds 0 1 --steps 60 --out /tmp/quick   # a quick look
 
-Every method trains from the shipped tiny model with the same step budget, learning rate, batch (32 completions per
-step), completion length and seed; nothing is tuned for one method only. A*-PO samples one completion per prompt,
-so with the same 32 completions per step it sees 32 prompts per step (the same number of generated sequences).
-Then every final model and the base are evaluated with ``trl_variants.evaluate`` on the fixed test split.
-Writes ``docs/replication/``: ``results.json``, ``results.md`` (the claims, measured), training curves and the
-evaluation plots.
+Every method trains from the same base model (the shipped tiny default unless ``--base_model``) on the same training
+prompts, with the same step budget, learning rate, completions per step (32), completion length, temperature and
+seed as GRPO; each method adds only its own paper's additions with the paper's defaults (nothing is tuned for one
+method). A*-PO samples one completion per prompt (its paper's setting), so it sees 32 prompts per step: the same
+number of generated sequences. Every final model and the base are then evaluated on the held-out test split
+(greedy, avg@k / pass@k at several temperatures, token entropy, KL to the base, keep rate, ERPO's Query-KL).
+
+A number is reported as mean +- the 95% confidence half-width over seeds (Student t). A claim *holds* when every
+part holds: "A above B" needs the two intervals apart in the claimed direction; "A equal or better than B" only needs
+A's interval not entirely below B's. A part *does not hold* when the intervals are apart in the wrong direction (for
+"equal or better": A's interval entirely below B's). Anything else is *inconclusive* (the intervals overlap).
+
+Writes ``--out`` (default ``results/replication/``): ``replication.json`` (every number, per seed),
+``README.md`` (claim table, settings, seeds, wall time, the command), ``training_curves.png``, ``pass_at_k.png``
+and ``accuracy_vs_temperature.png`` (mean with 95% CI bands).
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ import argparse
 import json
 import math
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -26,9 +34,66 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 METHODS = ["grpo", "erpo", "eepo", "dph", "apo"]
+LABELS = {"base": "base", "grpo": "GRPO (TRL)", "erpo": "ERPO", "eepo": "EEPO", "dph": "DPH-RL", "apo": "A*-PO"}
 
 
-def train(method: str, seed: int, args, out_dir: Path):
+# ------------------------------------------------------------------------------------------------ statistics ---
+def t_quantile_975(df: int) -> float:
+    """Two-sided 95% Student t quantile (exact table for small df, normal beyond)."""
+    table = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
+    return table.get(df, 1.96 + 2.4 / df)
+
+
+def mean_ci(values: list[float]) -> tuple[float, float]:
+    """``(mean, half-width of the 95% CI)``; the half-width is NaN with fewer than two values."""
+    vals = [v for v in values if not math.isnan(v)]
+    if not vals:
+        return math.nan, math.nan
+    if len(vals) < 2:
+        return vals[0], math.nan
+    return statistics.mean(vals), t_quantile_975(len(vals) - 1) * statistics.stdev(vals) / math.sqrt(len(vals))
+
+
+def compare(a: tuple[float, float], b: tuple[float, float], relation: str) -> str:
+    """'holds' / 'does not hold' / 'inconclusive' for ``a <relation> b`` with relation one of ``>``, ``<``, ``>=``,
+    ``<=`` (see the module docstring); each argument is ``(mean, half-width)``."""
+    (ma, ha), (mb, hb) = a, b
+    ha, hb = (0.0 if math.isnan(h) else h for h in (ha, hb))
+    if math.isnan(ma) or math.isnan(mb):
+        return "inconclusive"
+    lo_a, hi_a, lo_b, hi_b = ma - ha, ma + ha, mb - hb, mb + hb
+    above, below = lo_a > hi_b, hi_a < lo_b
+    if relation == ">":
+        return "holds" if above else "does not hold" if below else "inconclusive"
+    if relation == "<":
+        return "holds" if below else "does not hold" if above else "inconclusive"
+    if relation == ">=":
+        return "does not hold" if below else "holds"
+    if relation == "<=":
+        return "does not hold" if above else "holds"
+    raise ValueError(relation)
+
+
+def combine(verdicts: list[str]) -> str:
+    if "does not hold" in verdicts:
+        return "does not hold"
+    return "holds" if all(v == "holds" for v in verdicts) else "inconclusive"
+
+
+def fmt(x: tuple[float, float], digits: int = 3) -> str:
+    m, h = x
+    return f"{m:.{digits}f}" + ("" if math.isnan(h) else f" ± {h:.{digits}f}")
+
+
+# ------------------------------------------------------------------------------------------------- training ---
+def shared_settings(args, seed: int, out_dir: Path) -> dict:
+    return dict(output_dir=str(out_dir), use_cpu=True, bf16=False, activation_checkpointing=False,
+                report_to="none", save_strategy="no", logging_steps=args.logging_steps, disable_tqdm=True, seed=seed,
+                per_device_train_batch_size=32, num_generations=args.G, max_completion_length=args.max_len,
+                temperature=1.0, learning_rate=args.lr, lr_scheduler_type="constant", max_steps=args.steps)
+
+
+def train(method: str, seed: int, args, out_dir: Path) -> dict:
     from trl import GRPOConfig, GRPOTrainer
 
     from trl_variants import (
@@ -43,27 +108,25 @@ def train(method: str, seed: int, args, out_dir: Path):
         accuracy_reward,
         load_default_dataset,
     )
-    common = dict(output_dir=str(out_dir), use_cpu=True, bf16=False, activation_checkpointing=False,
-                  report_to="none", save_strategy="no", logging_steps=5, disable_tqdm=True, seed=seed,
-                  per_device_train_batch_size=32, num_generations=8, max_completion_length=56, temperature=1.0,
-                  learning_rate=args.lr, lr_scheduler_type="constant", max_steps=args.steps)
-    data = load_default_dataset(n_train=args.train_prompts, n_test=1, seed=seed)["train"]
+
+    common = shared_settings(args, seed, out_dir)
+    data = load_default_dataset(n_train=args.train_prompts, n_test=args.eval_prompts, seed=seed)["train"]
     cache = str(ROOT / "outputs" / "replication-cache")
-    cls, cfg = {
+    cls, config = {
         "grpo": (GRPOTrainer, lambda: GRPOConfig(**common)),
         "erpo": (ERPOTrainer, lambda: ERPOConfig(**common)),
         "eepo": (EEPOTrainer, lambda: EEPOConfig(**common)),
-        "dph": (DPHTrainer, lambda: DPHConfig(presample_cache_dir=cache, pef_batch_size=4, **common)),
+        "dph": (DPHTrainer, lambda: DPHConfig(presample_cache_dir=cache, **common)),
         "apo": (APOTrainer, lambda: APOConfig(presample_cache_dir=cache, **{**common, "num_generations": 1})),
     }[method]
     t0 = time.perf_counter()
-    trainer = cls(model=args.base_model, reward_funcs=accuracy_reward, args=cfg(), train_dataset=data)
-    setup = time.perf_counter() - t0
+    trainer = cls(model=args.base_model, reward_funcs=accuracy_reward, args=config(), train_dataset=data)
+    setup_s = time.perf_counter() - t0  # the offline pass (A*-PO's V_hat, DPH-RL's split, ERPO's l_ref) is here
     t0 = time.perf_counter()
     trainer.train()
     train_s = time.perf_counter() - t0
     trainer.save_model(str(out_dir))
-    return {"history": trainer.state.log_history, "setup_s": setup, "train_s": train_s}
+    return {"history": trainer.state.log_history, "setup_s": setup_s, "train_s": train_s}
 
 
 def query_kl(model_path: str, base_path: str, prompts) -> float:
@@ -81,25 +144,108 @@ def query_kl(model_path: str, base_path: str, prompts) -> float:
     return k3(l_theta, l_ref).mean().item()
 
 
-def curves(runs: dict, path: Path) -> None:
+# ---------------------------------------------------------------------------------------------- the numbers ---
+def metric_mean(history: list[dict], key: str, last: int | None = None) -> float:
+    vals = [h[key] for h in history if key in h]
+    vals = vals[-last:] if last else vals
+    return statistics.mean(vals) if vals else math.nan
+
+
+def entropy_decay(history: list[dict], window: int = 3) -> float:
+    """Training-rollout token entropy: mean of the first ``window`` logs minus mean of the last ``window``."""
+    vals = [h["entropy"] for h in history if "entropy" in h]
+    if len(vals) < 2 * window:
+        return math.nan
+    return statistics.mean(vals[:window]) - statistics.mean(vals[-window:])
+
+
+def per_seed_numbers(run: dict, ev: dict, k: int, t: str) -> dict[str, float]:
+    e = ev["temperatures"][t]
+    hist = run.get("history", [])
+    return {
+        "greedy": ev["greedy"], f"avg@{k}": e[f"avg@{k}"], f"pass@{k}": e["pass@k"][str(k)],
+        "pass@1": e["pass@k"]["1"], "entropy": e.get("entropy", math.nan),
+        "kl_to_base": e.get("kl_to_reference", math.nan), "keep_rate": e.get("keep_rate", math.nan),
+        "query_kl": ev.get("query_kl", math.nan), "wall_s": run.get("setup_s", 0.0) + run.get("train_s", 0.0),
+        "train_entropy_decay": entropy_decay(hist),
+        "eepo_stage1_entropy": metric_mean(hist, "eepo/entropy_stage1"),
+        "eepo_stage2_entropy": metric_mean(hist, "eepo/entropy_stage2"),
+    }
+
+
+def claims(stats: dict[str, dict[str, tuple[float, float]]], k: int) -> list[dict]:
+    """One line per paper: the claim, the numbers and the verdict (see the module docstring)."""
+    g, out = stats.get("grpo"), []
+
+    def line(paper, claim, parts, numbers):
+        out.append({"paper": paper, "claim": claim, "verdict": combine([v for _, v in parts]),
+                    "parts": {name: v for name, v in parts}, "numbers": numbers})
+
+    if g and "erpo" in stats:
+        s = stats["erpo"]
+        line("ERPO", "lower Query-KL than GRPO at equal or better accuracy",
+             [("Query-KL lower", compare(s["query_kl"], g["query_kl"], "<")),
+              ("greedy accuracy equal or better", compare(s["greedy"], g["greedy"], ">="))],
+             {"Query-KL": (s["query_kl"], g["query_kl"]), "greedy": (s["greedy"], g["greedy"])})
+    if g and "eepo" in stats:
+        s = stats["eepo"]
+        line("EEPO", "stage-2 entropy above stage-1, slower entropy decay than GRPO, equal or better accuracy",
+             [("stage-2 entropy above stage-1", compare(s["eepo_stage2_entropy"], s["eepo_stage1_entropy"], ">")),
+              ("entropy decays slower", compare(s["train_entropy_decay"], g["train_entropy_decay"], "<")),
+              ("greedy accuracy equal or better", compare(s["greedy"], g["greedy"], ">="))],
+             {"stage-2 vs stage-1 entropy": (s["eepo_stage2_entropy"], s["eepo_stage1_entropy"]),
+              "entropy decay (first - last logs)": (s["train_entropy_decay"], g["train_entropy_decay"]),
+              "greedy": (s["greedy"], g["greedy"])})
+    if g and "dph" in stats:
+        s, b = stats["dph"], stats["base"]
+        line("DPH-RL", f"pass@{k} at or above GRPO and keep rate at or above GRPO (where GRPO's pass@{k} shrinks)",
+             [(f"pass@{k} at or above GRPO", compare(s[f"pass@{k}"], g[f"pass@{k}"], ">=")),
+              ("keep rate at or above GRPO", compare(s["keep_rate"], g["keep_rate"], ">=")),
+              (f"GRPO's pass@{k} below the base's", compare(g[f"pass@{k}"], b[f"pass@{k}"], "<"))],
+             {f"pass@{k}": (s[f"pass@{k}"], g[f"pass@{k}"]), "keep rate": (s["keep_rate"], g["keep_rate"]),
+              f"GRPO vs base pass@{k}": (g[f"pass@{k}"], b[f"pass@{k}"])})
+    if g and "apo" in stats:
+        s = stats["apo"]
+        line("A*-PO", "equal or better accuracy in less wall time, lower KL to the base",
+             [("greedy accuracy equal or better", compare(s["greedy"], g["greedy"], ">=")),
+              ("less wall time (offline pass included)", compare(s["wall_s"], g["wall_s"], "<")),
+              ("lower KL to the base", compare(s["kl_to_base"], g["kl_to_base"], "<"))],
+             {"greedy": (s["greedy"], g["greedy"]), "wall time s": (s["wall_s"], g["wall_s"]),
+              "KL to base": (s["kl_to_base"], g["kl_to_base"])})
+    return out
+
+
+# -------------------------------------------------------------------------------------------------- plots ---
+def _band(ax, xs, per_seed: list[list[float]], color, label, marker=None):
+    cols = list(zip(*per_seed, strict=True))
+    m_h = [mean_ci(list(c)) for c in cols]
+    means = [m for m, _ in m_h]
+    halves = [0.0 if math.isnan(h) else h for _, h in m_h]
+    ax.plot(xs, means, "-", marker=marker, color=color, label=label)
+    ax.fill_between(xs, [m - h for m, h in zip(means, halves, strict=True)],
+                    [m + h for m, h in zip(means, halves, strict=True)], color=color, alpha=0.2)
+
+
+def plot_training_curves(runs: dict, path: Path) -> None:
     from trl_variants.evaluate import _plt
 
     plt = _plt()
-    # a panel reads the first of its keys a log entry has: GRPO's token-level `kl` (beta > 0), A*-PO's sequence-level
-    # log-ratio to the reference on its rollouts (an MC estimate of KL(pi || pi_ref) per completion)
-    keys = [(("reward",), "train reward"), (("entropy",), "token entropy"),
-            (("kl", "apo/seq_log_ratio_mean"), "KL to reference (GRPO beta>0: per token; A*-PO: per sequence)"),
-            (("erpo/query_kl",), "Query-KL (ERPO)")]
-    fig, axes = plt.subplots(1, len(keys), figsize=(4 * len(keys), 3.4))
-    for ax, (key, title) in zip(axes, keys, strict=True):
+    panels = [(("reward",), "training reward"), (("entropy",), "token entropy of the rollouts"),
+              (("erpo/query_kl",), "Query-KL (ERPO)"), (("eepo/entropy_stage2",), "EEPO stage-2 entropy")]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.5))
+    for ax, (keys, title) in zip(axes, panels, strict=True):
         for i, (method, seeds) in enumerate(runs.items()):
-            for j, run in enumerate(seeds):
-                pts = [(h["step"], next(h[k] for k in key if k in h)) for h in run["history"]
-                       if any(k in h for k in key)]
-                if pts:
-                    ax.plot(*zip(*pts, strict=True), color=f"C{i}", alpha=0.9 if j == 0 else 0.4,
-                            label=method if j == 0 else None)
-        ax.set_title(title)
+            series = []
+            for run in seeds:
+                pts = [(h["step"], next(h[k] for k in keys if k in h)) for h in run["history"]
+                       if any(k in h for k in keys)]
+                series.append(pts)
+            if not all(series):
+                continue
+            n = min(len(s) for s in series)
+            steps = [p[0] for p in series[0][:n]]
+            _band(ax, steps, [[p[1] for p in s[:n]] for s in series], f"C{i}", LABELS[method])
+        ax.set_title(title, fontsize=10)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
@@ -108,87 +254,137 @@ def curves(runs: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def main():
+def plot_eval(evals: dict, k: int, temps: list[float], out: Path) -> None:
+    from trl_variants.evaluate import _plt, ks_up_to
+
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    ks = ks_up_to(k)
+    t = "1.0"  # the training temperature (main() requires it in the sweep)
+    for i, (method, seeds) in enumerate(evals.items()):
+        _band(ax, ks, [[e["temperatures"][t]["pass@k"][str(kk)] for kk in ks] for e in seeds],
+              "k" if method == "base" else f"C{i - 1}", LABELS[method], marker="o")
+    ax.set(xscale="log", xlabel="k", ylabel=f"pass@k (T={t})", ylim=(0, 1), title="pass@k, mean and 95% CI")
+    ax.set_xscale("log", base=2)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "pass_at_k.png", dpi=120)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    for i, (method, seeds) in enumerate(evals.items()):
+        _band(ax, temps, [[e["temperatures"][str(tt)][f"avg@{k}"] for tt in temps] for e in seeds],
+              "k" if method == "base" else f"C{i - 1}", LABELS[method], marker="o")
+    ax.set(xlabel="sampling temperature", ylabel=f"avg@{k}", ylim=(0, 1),
+           title="Accuracy vs temperature, mean and 95% CI")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "accuracy_vs_temperature.png", dpi=120)
+    plt.close(fig)
+
+
+# --------------------------------------------------------------------------------------------------- main ---
+def write_page(out: Path, args, stats: dict, claim_lines: list[dict], wall_s: float, k: int) -> str:
+    cols = ["greedy", f"avg@{k}", f"pass@{k}", "entropy", "kl_to_base", "keep_rate", "query_kl", "wall_s"]
+    lines = [
+        "# Replication: each paper's claim at toy scale, against TRL's GRPOTrainer",
+        "",
+        f"Made by `{' '.join(['python', 'benchmarks/replicate.py', *sys.argv[1:]])}` "
+        f"({len(args.seeds)} seeds: {args.seeds}; total wall time {wall_s / 60:.0f} min on this machine).",
+        f"Base model `{Path(args.base_model).name}`; {args.steps} steps, learning rate {args.lr}, 32 completions per "
+        f"step (G = {args.G}; A*-PO: 1 per prompt), completion length {args.max_len}, T = 1.0; "
+        f"{args.train_prompts} training prompts, {args.eval_prompts} held-out prompts, k = {k}.",
+        "Mean ± 95% CI (Student t over seeds). Verdicts: see `benchmarks/replicate.py` (intervals apart = holds or "
+        "does not hold; overlapping = inconclusive).",
+        "",
+        "## Claims",
+        "",
+        "| paper | claim | verdict | numbers (method vs comparison) |",
+        "|---|---|---|---|",
+    ]
+    for c in claim_lines:
+        nums = "; ".join(f"{name}: {fmt(a)} vs {fmt(b)}" for name, (a, b) in c["numbers"].items())
+        parts = ", ".join(f"{p}: {v}" for p, v in c["parts"].items())
+        lines.append(f"| {c['paper']} | {c['claim']} | **{c['verdict']}** ({parts}) | {nums} |")
+    lines += ["", "## Every number (held-out set, T = 1.0 unless stated)", "",
+              "| method | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
+    for method, s in stats.items():
+        lines.append(f"| {LABELS[method]} | " + " | ".join(fmt(s[c]) for c in cols) + " |")
+    lines += ["", "![training curves](training_curves.png)", "", "![pass@k](pass_at_k.png)", "",
+              "![accuracy vs temperature](accuracy_vs_temperature.png)", ""]
+    text = "\n".join(lines)
+    (out / "README.md").write_text(text)
+    return text
+
+
+def main(argv: list[str] | None = None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
-    ap.add_argument("--steps", type=int, default=150)
-    ap.add_argument("--lr", type=float, default=1.5e-4)
-    ap.add_argument("--train_prompts", type=int, default=512)
-    ap.add_argument("--methods", nargs="+", default=METHODS)
-    ap.add_argument("--eval_prompts", type=int, default=200)
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--lr", type=float, default=2e-4)
+    ap.add_argument("--G", type=int, default=8)
+    ap.add_argument("--max_len", type=int, default=64)
+    ap.add_argument("--train_prompts", type=int, default=2000)
+    ap.add_argument("--methods", nargs="+", default=METHODS, choices=METHODS)
+    ap.add_argument("--eval_prompts", type=int, default=500)
     ap.add_argument("--k", type=int, default=16)
     ap.add_argument("--temperatures", type=float, nargs="+", default=[0.5, 1.0, 1.5])
+    ap.add_argument("--logging_steps", type=int, default=10)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--out", default=str(ROOT / "docs" / "replication"))
+    ap.add_argument("--out", default=str(ROOT / "results" / "replication"))
     ap.add_argument("--base_model", default=None, help="start every method from this model (default: the shipped one)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    if 1.0 not in args.temperatures:
+        ap.error("--temperatures must include 1.0 (the training temperature; the claims are read there)")
     torch.set_num_threads(args.threads)
 
     from trl_variants import accuracy_reward, load_default_dataset
     from trl_variants.default import DEFAULT_MODEL_PATH
-    from trl_variants.evaluate import EvalConfig, evaluate, write_report
+    from trl_variants.evaluate import EvalConfig, evaluate
 
     args.base_model = str(args.base_model or DEFAULT_MODEL_PATH)
-
+    start = time.perf_counter()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    test = load_default_dataset(n_train=0, n_test=args.eval_prompts)["test"]
+    config = EvalConfig(k=args.k, temperatures=args.temperatures, max_completion_length=args.max_len, seed=0)
+    base = evaluate(args.base_model, None, test, accuracy_reward, config, name="base")
     runs: dict[str, list] = {m: [] for m in args.methods}
+    evals: dict[str, list] = {"base": [base]}
     for seed in args.seeds:
         for method in args.methods:
-            model_dir = ROOT / "outputs" / Path(args.out).name / f"{method}-seed{seed}"
-            runs[method].append(train(method, seed, args, model_dir) | {"model_dir": str(model_dir)})
-            r = runs[method][-1]
-            print(f"trained {method} seed {seed}: {r['train_s']:.0f} s (+{r['setup_s']:.0f} s setup)", flush=True)
-    curves(runs, out / "training_curves.png")
-
-    test = load_default_dataset(n_train=0, n_test=args.eval_prompts)["test"]
-    config = EvalConfig(k=args.k, temperatures=args.temperatures, max_completion_length=56, seed=0)
-    base = evaluate(args.base_model, None, test, accuracy_reward, config, name="base")
-    evals = {"base": [base]}
-    for method, seeds in runs.items():
-        evals[method] = []
-        for seed, run in zip(args.seeds, seeds, strict=True):
-            res = evaluate(run["model_dir"], None, test, accuracy_reward, config, name=f"{method}-s{seed}",
-                           reference_model=args.base_model, base_results=base)
-            res["query_kl"] = query_kl(run["model_dir"], args.base_model, list(test["prompt"]))
-            res["train_s"], res["setup_s"] = run["train_s"], run["setup_s"]
-            evals[method].append(res)
-            print(f"evaluated {method} seed {seed}", flush=True)
-    write_report([base] + [evals[m][0] for m in args.methods], out)
-
-    def mean(method, fn):
-        vals = [fn(r) for r in evals[method]]
-        return statistics.mean(vals), (statistics.stdev(vals) if len(vals) > 1 else float("nan"))
-
-    k, t_hi = args.k, str(max(args.temperatures))
-    def e(r, t="1.0"):
-        return r["temperatures"][t]
-
-    rows = {}
-    for method in ["base"] + args.methods:
-        rows[method] = {
-            "greedy": mean(method, lambda r: r["greedy"]),
-            f"avg@{k} T=1.0": mean(method, lambda r: e(r)[f"avg@{k}"]),
-            f"pass@{k} T=1.0": mean(method, lambda r: e(r)["pass@k"][str(k)]),
-            f"avg@{k} T={t_hi}": mean(method, lambda r: e(r, t_hi)[f"avg@{k}"]),
-            "entropy T=1.0": mean(method, lambda r: e(r)["entropy"]),
-            "KL to base": mean(method, lambda r: e(r).get("kl_to_reference", 0.0)),
-            "keep rate": mean(method, lambda r: e(r).get("keep_rate", float("nan"))),
-            "query-KL": mean(method, lambda r: r.get("query_kl", 0.0)),
-            "train s": mean(method, lambda r: r.get("train_s", 0.0)),
-        }
-    cols = list(rows["base"])
-    lines = [f"Settings: {vars(args)}", "", "| method | " + " | ".join(cols) + " |",
-             "|---|" + "---|" * len(cols)]
-    for method, r in rows.items():
-        cells = [f"{m:.3f}" + ("" if math.isnan(s) else f" ± {s:.3f}") for m, s in r.values()]
-        lines.append(f"| {method} | " + " | ".join(cells) + " |")
-    Path(out / "summary.md").write_text("\n".join(lines) + "\n")
-    Path(out / "replication.json").write_text(json.dumps(
-        {"settings": vars(args), "summary": {m: {c: list(v) for c, v in r.items()} for m, r in rows.items()},
-         "evaluations": evals, "histories": {m: [r["history"] for r in s] for m, s in runs.items()}}, indent=1,
-        default=str))
-    print("\n".join(lines))
+            model_dir = ROOT / "outputs" / out.name / f"{method}-seed{seed}"
+            run = train(method, seed, args, model_dir) | {"model_dir": str(model_dir), "seed": seed}
+            ev = evaluate(str(model_dir), None, test, accuracy_reward, config, name=f"{method}-s{seed}",
+                          reference_model=args.base_model, base_results=base)
+            ev["query_kl"] = query_kl(str(model_dir), args.base_model, list(test["prompt"]))
+            runs[method].append(run)
+            evals.setdefault(method, []).append(ev)
+            print(f"{method} seed {seed}: trained {run['train_s']:.0f} s (+{run['setup_s']:.0f} s setup), greedy "
+                  f"{ev['greedy']:.3f} (base {base['greedy']:.3f})", flush=True)
+    base["query_kl"] = 0.0
+    k, t = args.k, "1.0"
+    per_seed = {"base": [per_seed_numbers({}, base, k, t)]}
+    per_seed |= {m: [per_seed_numbers(r, e, k, t) for r, e in zip(runs[m], evals[m], strict=True)]
+                 for m in args.methods}
+    stats = {m: {key: mean_ci([row[key] for row in rows]) for key in rows[0]} for m, rows in per_seed.items()}
+    claim_lines = claims(stats, k)
+    plot_training_curves(runs, out / "training_curves.png")
+    plot_eval(evals, k, args.temperatures, out)
+    wall = time.perf_counter() - start
+    page = write_page(out, args, stats, claim_lines, wall, k)
+    for e in evals.values():
+        for r in e:
+            for entry in r["temperatures"].values():
+                entry.pop("correct", None)  # per-prompt counts: large, and the summary numbers keep what matters
+    (out / "replication.json").write_text(json.dumps(
+        {"settings": vars(args), "command": " ".join(sys.argv), "wall_s": wall, "stats": stats, "claims": claim_lines,
+         "per_seed": per_seed, "evaluations": evals, "histories": {m: [r["history"] for r in s] for m, s in runs.items()}},
+        indent=1, default=str))
+    print(page)
+    return {"stats": stats, "claims": claim_lines, "per_seed": per_seed}
 
 
 if __name__ == "__main__":
