@@ -1,0 +1,167 @@
+#!/usr/bin/env bash
+#SBATCH --job-name=trl-variants
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=1
+#SBATCH --gpus-per-node=8
+#SBATCH --exclusive
+#SBATCH --output=%x-%j.out
+# Train a recipe on several nodes of a SLURM allocation: one `accelerate launch` per node, started by srun, with the
+# rendezvous (rank-0 host, port, machine count and rank, process count) taken from the job. Submit from the repo root
+# with the environment (venv) active; sbatch passes it to the nodes:
+#
+#   sbatch --nodes 2 scripts/slurm_train.sh configs/erpo/qwen2.5-math-7b.yaml [training flags...]
+#   VLLM_NODES=1 sbatch --nodes 3 scripts/slurm_train.sh configs/apo/qwen2.5-7B.yaml   # 2 training nodes + 1 vLLM
+#   bash scripts/slurm_train.sh --dry_run configs/erpo/qwen2.5-math-7b.yaml           # print the commands only
+#
+# Settings (environment variables):
+#   GPUS_PER_NODE          processes per training node (default: SLURM_GPUS_ON_NODE, else 8)
+#   ACCELERATE_CONFIG      default: the multi-node form of the backend the recipe's launch command names
+#                          (zero2.yaml -> configs/accelerate/multi_node_zero2.yaml)
+#   MAIN_PROCESS_PORT      rendezvous port on the first node (default 29500)
+#   VLLM_NODES             0 (default): the recipe's vLLM mode (colocate); 1: the last node runs `trl vllm-serve`
+#                          and the trainers use vllm_mode=server
+#   VLLM_TP, VLLM_PORT, VLLM_GPU_MEMORY_UTILIZATION   the server's tensor parallel size (1), port (8000), memory (0.9)
+# A recipe's header names the process count its batch arithmetic is written for (`# processes: 8`). On another
+# count the global batch would change, so the launcher divides gradient_accumulation_steps and steps_per_generation
+# (or else the per-device batch sizes) by the ratio, says so, and refuses where no whole division keeps the numbers;
+# batch flags passed on the command line turn this off. docs/distributed.md, "Several nodes", explains all of it.
+set -euo pipefail
+
+die() { echo "slurm_train.sh: $*" >&2; exit 2; }
+DRY_RUN=0
+if [[ "${1:-}" == "--dry_run" ]]; then DRY_RUN=1; shift; fi
+[[ $# -ge 1 ]] || die "usage: [sbatch ...] scripts/slurm_train.sh [--dry_run] configs/<algorithm>/<recipe>.yaml [training flags...]"
+RECIPE=$1; shift
+EXTRA=("$@")
+ROOT=${TRL_VARIANTS_ROOT:-${SLURM_SUBMIT_DIR:-$PWD}}   # sbatch runs a copy of this file: find the repo by the submit dir
+cd "$ROOT"
+PYTHON=${PYTHON:-python}
+[[ -f "$RECIPE" ]] || die "recipe $RECIPE not found under $ROOT (submit from the repo root or set TRL_VARIANTS_ROOT)"
+ALGORITHM=$(basename "$(dirname "$RECIPE")")
+SCRIPT="examples/train_${ALGORITHM}.py"
+[[ -f "$SCRIPT" ]] || die "no $SCRIPT for $RECIPE: a recipe lives in configs/<erpo|eepo|dph|apo>/"
+
+# --- nodes of the allocation ---
+[[ -n "${SLURM_JOB_NODELIST:-}" ]] || die "SLURM_JOB_NODELIST is not set: submit with sbatch (or set it for --dry_run)"
+if command -v scontrol >/dev/null; then
+  mapfile -t NODES < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
+else
+  [[ "$SLURM_JOB_NODELIST" != *"["* ]] || die "scontrol is needed to expand $SLURM_JOB_NODELIST"
+  IFS=, read -r -a NODES <<< "$SLURM_JOB_NODELIST"
+fi
+VLLM_NODES=${VLLM_NODES:-0}
+[[ "$VLLM_NODES" == 0 || "$VLLM_NODES" == 1 ]] || die "VLLM_NODES=$VLLM_NODES: TRL's trainer talks to one vLLM server (vllm_server_host); use 0 or 1"
+NUM_MACHINES=$(( ${#NODES[@]} - VLLM_NODES ))
+(( NUM_MACHINES >= 1 )) || die "${#NODES[@]} node(s) leave no training node with VLLM_NODES=$VLLM_NODES"
+TRAIN_NODES=("${NODES[@]:0:NUM_MACHINES}")
+GPUS_PER_NODE=${GPUS_PER_NODE:-${SLURM_GPUS_ON_NODE:-8}}
+NUM_PROCESSES=$(( NUM_MACHINES * GPUS_PER_NODE ))
+MAIN_PROCESS_IP=${TRAIN_NODES[0]}
+MAIN_PROCESS_PORT=${MAIN_PROCESS_PORT:-29500}
+
+# --- what the recipe says (its header, launch backend, model, batch fields), and the batch flags for this count ---
+RECIPE_INFO=$("$PYTHON" - "$RECIPE" "$NUM_PROCESSES" "${EXTRA[@]}" <<'EOF'
+import re, shlex, sys
+import yaml
+
+path, processes, extra = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+text = open(path).read()
+raw = yaml.safe_load(text) or {}
+header = re.search(r"^#\s*processes:\s*(\d+)", text, re.M)
+backend = re.search(r"--config_file configs/accelerate/(\S+)\.yaml", text)
+out = {"MODEL": raw.get("model_name_or_path", ""), "BACKEND": backend.group(1) if backend else "",
+       "RECIPE_PROCESSES": header.group(1) if header else "", "USES_VLLM": str(bool(raw.get("use_vllm"))).lower()}
+flags, note = [], ""
+batch_flags = ("--per_device_train_batch_size", "--gradient_accumulation_steps", "--steps_per_generation",
+               "--generation_batch_size", "--pef_batch_size")
+if header and int(header.group(1)) != processes:
+    written = int(header.group(1))
+    if any(a.split("=")[0] in batch_flags for a in extra):
+        note = f"your batch flags decide the batch (the recipe's header arithmetic is for {written} processes)"
+    elif processes % written:
+        sys.exit(f"{path} is written for {written} processes and this job has {processes}: no whole division keeps "
+                 f"its batch; pass the batch flags yourself ({', '.join(batch_flags[:3])}; docs/distributed.md)")
+    else:
+        k = processes // written
+        accumulation = raw.get("gradient_accumulation_steps", 1)
+        per_generation = raw.get("steps_per_generation")
+        micro, pef = raw.get("per_device_train_batch_size", 8), raw.get("pef_batch_size")
+        if accumulation % k == 0 and (per_generation is None or per_generation % k == 0):
+            flags = ["--gradient_accumulation_steps", str(accumulation // k)]
+            if per_generation is not None:
+                flags += ["--steps_per_generation", str(per_generation // k)]
+        elif micro % k == 0 and (pef is None or pef % k == 0):
+            flags = ["--per_device_train_batch_size", str(micro // k)]
+            if pef is not None:
+                flags += ["--pef_batch_size", str(pef // k)]
+        else:
+            sys.exit(f"{path} is written for {written} processes; on {processes} neither gradient_accumulation_steps "
+                     f"/ steps_per_generation nor the per-device batch sizes divide by {k}: pass the batch flags "
+                     "yourself (docs/distributed.md)")
+        note = f"recipe written for {written} processes, launching {processes}: {' '.join(flags)} keeps its batch"
+out["BATCH_NOTE"] = note
+for key, value in out.items():
+    print(f"{key}={shlex.quote(value)}")
+print("BATCH_ARGS=(" + " ".join(shlex.quote(f) for f in flags) + ")")
+EOF
+) || die "stopped before launching anything (see above)"
+eval "$RECIPE_INFO"
+
+if [[ -z "${ACCELERATE_CONFIG:-}" ]]; then
+  [[ -n "$BACKEND" ]] || die "$RECIPE names no accelerate config in its launch command: set ACCELERATE_CONFIG"
+  ACCELERATE_CONFIG=configs/accelerate/multi_node_${BACKEND}.yaml
+  [[ -f "$ACCELERATE_CONFIG" ]] || die "no $ACCELERATE_CONFIG for the recipe's $BACKEND.yaml: set ACCELERATE_CONFIG"
+fi
+[[ -f "$ACCELERATE_CONFIG" ]] || die "ACCELERATE_CONFIG=$ACCELERATE_CONFIG not found"
+
+VLLM_ARGS=()
+if [[ "$VLLM_NODES" == 1 ]]; then
+  VLLM_NODE=${NODES[-1]}
+  VLLM_PORT=${VLLM_PORT:-8000}
+  VLLM_ARGS=(--use_vllm true --vllm_mode server --vllm_server_host "$VLLM_NODE" --vllm_server_port "$VLLM_PORT")
+  [[ -n "$MODEL" ]] || die "$RECIPE sets no model_name_or_path for the vLLM server"
+  SERVE_CMD=(trl vllm-serve --model "$MODEL" --tensor_parallel_size "${VLLM_TP:-1}" --port "$VLLM_PORT"
+             --gpu_memory_utilization "${VLLM_GPU_MEMORY_UTILIZATION:-0.9}")
+fi
+
+# One node's launch command, quoted for `bash -c`; $1 is its machine rank (srun passes the literal $SLURM_PROCID,
+# which each task expands to its own rank: one task per node).
+launch_command() {
+  printf '%q ' accelerate launch --config_file "$ACCELERATE_CONFIG" --num_machines "$NUM_MACHINES" \
+    --num_processes "$NUM_PROCESSES" --main_process_ip "$MAIN_PROCESS_IP" --main_process_port "$MAIN_PROCESS_PORT" \
+    --rdzv_backend static --same_network
+  printf -- '--machine_rank %s ' "$1"
+  printf '%q ' "$SCRIPT" --config "$RECIPE" ${BATCH_ARGS[@]+"${BATCH_ARGS[@]}"} ${VLLM_ARGS[@]+"${VLLM_ARGS[@]}"} \
+    ${EXTRA[@]+"${EXTRA[@]}"}
+}
+NODELIST=$(IFS=,; echo "${TRAIN_NODES[*]}")
+SRUN=(srun --nodes="$NUM_MACHINES" --ntasks="$NUM_MACHINES" --ntasks-per-node=1 --nodelist="$NODELIST"
+      --kill-on-bad-exit=1)
+TRAIN_CMD=$(launch_command '$SLURM_PROCID')
+
+echo "trl-variants: $RECIPE on $NUM_MACHINES node(s) x $GPUS_PER_NODE = $NUM_PROCESSES processes, $ACCELERATE_CONFIG, rendezvous $MAIN_PROCESS_IP:$MAIN_PROCESS_PORT"
+[[ -z "$BATCH_NOTE" ]] || echo "trl-variants: $BATCH_NOTE"
+if [[ "$VLLM_NODES" == 1 ]]; then
+  echo "trl-variants: vLLM server on $VLLM_NODE:$VLLM_PORT (vllm_mode=server)"
+elif [[ "$USES_VLLM" == true ]]; then
+  echo "trl-variants: vLLM as the recipe sets it (colocate: one engine per training process)"
+fi
+
+if [[ "$DRY_RUN" == 1 ]]; then
+  [[ "$VLLM_NODES" == 0 ]] || echo "vllm: srun --nodes=1 --ntasks=1 --nodelist=$VLLM_NODE $(printf '%q ' "${SERVE_CMD[@]}")&"
+  echo "train: $(printf '%q ' "${SRUN[@]}")bash -c $(printf '%q' "$TRAIN_CMD")"
+  for rank in "${!TRAIN_NODES[@]}"; do
+    echo "node $rank (${TRAIN_NODES[$rank]}): $(launch_command "$rank")"
+  done
+  exit 0
+fi
+
+VLLM_PID=
+if [[ "$VLLM_NODES" == 1 ]]; then
+  srun --nodes=1 --ntasks=1 --nodelist="$VLLM_NODE" "${SERVE_CMD[@]}" &
+  VLLM_PID=$!
+fi
+status=0
+"${SRUN[@]}" bash -c "$TRAIN_CMD" || status=$?
+[[ -z "$VLLM_PID" ]] || kill "$VLLM_PID" 2>/dev/null || true
+exit "$status"
