@@ -42,7 +42,7 @@ def main():
     ds = load_default_dataset(n_train=args.prompts, n_test=1, seed=11)["train"]
     tmp = Path(tempfile.mkdtemp())
     a2po = A2POTrainer(model=DEFAULT_MODEL_PATH, reward_funcs=accuracy_reward, train_dataset=ds, args=A2POConfig(
-        output_dir=str(tmp / "a2po"), use_cpu=True, bf16=False, activation_checkpointing=False, report_to="none",
+        output_dir=str(tmp / "a2po"), use_cpu=True, bf16=False, gradient_checkpointing=False, report_to="none",
         per_device_train_batch_size=args.batch_prompts, num_value_samples=args.N, beta1=0.5,
         max_completion_length=args.max_completion_length, temperature=1.0, filter_all_incorrect=False))
     model, tok = a2po.ref_model, a2po.processing_class

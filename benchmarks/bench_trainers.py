@@ -62,7 +62,7 @@ def build_trainer(variant: str, model_path: str, out_dir: str, args):
     accuracy_reward = REWARD_FUNCS[args.reward]  # the same reward for every variant
 
     common = dict(
-        output_dir=out_dir, use_cpu=not args.gpu, bf16=args.gpu, activation_checkpointing=False, report_to="none",
+        output_dir=out_dir, use_cpu=not args.gpu, bf16=args.gpu, gradient_checkpointing=False, report_to="none",
         save_strategy="no", logging_steps=10, disable_tqdm=True, per_device_train_batch_size=args.batch,
         num_generations=args.G, max_completion_length=args.max_completion_length, learning_rate=1e-5,
         max_steps=args.warmup + args.steps, seed=0, temperature=1.0,
@@ -102,7 +102,7 @@ def build_trainer(variant: str, model_path: str, out_dir: str, args):
         from trl.experimental.a2po import A2POConfig, A2POTrainer
 
         keep = ("output_dir", "use_cpu", "bf16", "report_to", "save_strategy", "logging_steps", "disable_tqdm",
-                "max_steps", "seed", "learning_rate", "activation_checkpointing", "temperature")
+                "max_steps", "seed", "learning_rate", "gradient_checkpointing", "temperature")
         trainer = A2POTrainer(model=model_path, reward_funcs=accuracy_reward,
                               args=A2POConfig(**{k: common[k] for k in keep}, per_device_train_batch_size=prompts,
                                               num_value_samples=4, max_completion_length=args.max_completion_length,

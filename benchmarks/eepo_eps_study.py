@@ -24,7 +24,7 @@ SETTINGS = [(1e-6, 1e-4), (1e-6, 1e-3), (1e-6, 1e-2), (1e-6, 0.05), (1e-6, 0.1),
 
 
 def run(eps_low, eps_high, eta, ds, out_dir):
-    args = EEPOConfig(output_dir=out_dir, use_cpu=True, bf16=False, activation_checkpointing=False, report_to="none",
+    args = EEPOConfig(output_dir=out_dir, use_cpu=True, bf16=False, gradient_checkpointing=False, report_to="none",
                       per_device_train_batch_size=32, num_generations=8, max_completion_length=56,
                       entropy_gate="always", unlearning_lr=eta, unlearning_eps_low=eps_low,
                       unlearning_eps_high=eps_high, seed=0)

@@ -87,7 +87,7 @@ def fmt(x: tuple[float, float], digits: int = 3) -> str:
 
 # ------------------------------------------------------------------------------------------------- training ---
 def shared_settings(args, seed: int, out_dir: Path) -> dict:
-    return dict(output_dir=str(out_dir), use_cpu=True, bf16=False, activation_checkpointing=False,
+    return dict(output_dir=str(out_dir), use_cpu=True, bf16=False, gradient_checkpointing=False,
                 report_to="none", save_strategy="no", logging_steps=args.logging_steps, disable_tqdm=True, seed=seed,
                 per_device_train_batch_size=32, num_generations=args.G, max_completion_length=args.max_len,
                 temperature=1.0, learning_rate=args.lr, lr_scheduler_type="constant", max_steps=args.steps)

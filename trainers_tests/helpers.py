@@ -9,7 +9,7 @@ from trl_variants.generation import tokenize_prompts
 
 CPU_ARGS = dict(
     use_cpu=True, bf16=False, report_to="none", save_strategy="no", logging_steps=1, seed=0,
-    activation_checkpointing=False, disable_tqdm=True,
+    gradient_checkpointing=False, disable_tqdm=True,
 )
 
 
@@ -176,3 +176,18 @@ def small_trainer(method, tmp_path, dataset=None, reward_funcs=None, **overrides
     return trainer_cls(model=DEFAULT_MODEL_PATH, reward_funcs=reward_funcs or accuracy_reward,
                        args=small_config(config_cls, tmp_path, **kwargs),
                        train_dataset=dataset if dataset is not None else train_dataset(16))
+
+
+def tiny_reward_model(path, seed: int = 0) -> str:
+    """Save a randomly initialised one-layer ``LlamaForSequenceClassification`` (``num_labels=1``) with the tiny
+    default's tokenizer (chat template included) to ``path``, as a stand-in for a reward model on the Hub; returns
+    the path. Built locally, nothing downloaded."""
+    from transformers import AutoConfig, AutoTokenizer, LlamaForSequenceClassification
+
+    config = AutoConfig.from_pretrained(DEFAULT_MODEL_PATH)
+    config.update(dict(num_hidden_layers=1, hidden_size=32, intermediate_size=64, num_attention_heads=2,
+                       num_key_value_heads=2, head_dim=16, num_labels=1, architectures=None))
+    torch.manual_seed(seed)
+    LlamaForSequenceClassification(config).save_pretrained(path)
+    AutoTokenizer.from_pretrained(DEFAULT_MODEL_PATH).save_pretrained(path)
+    return str(path)

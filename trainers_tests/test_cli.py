@@ -76,3 +76,56 @@ def test_evaluate_checks_matplotlib_before_loading_a_model(monkeypatch, tmp_path
     monkeypatch.setattr(cli, "load_eval_dataset", fail)
     with pytest.raises(ImportError, match=r"pip install matplotlib .*trl-variants\[plots\]"):
         cli.main(["evaluate", "--output_dir", str(tmp_path)])
+
+
+def test_presample_scores_with_a_reward_model_as_grpo_trainer_does(tmp_path):
+    """``trl-variants presample --reward_model_name_or_path``: the stored per-function rewards are the reward model's
+    scores of prompt + completion (its tokenizer, chat template, first logit), next to the verifier's."""
+    from datasets import load_from_disk
+
+    from trainers_tests.helpers import tiny_reward_model
+    from trl_variants.presample.metadata import presample_metadata
+    from trl_variants.scripts import load_reward_model
+
+    path = tiny_reward_model(tmp_path / "tiny-rm")
+    out = tmp_path / "presampled"
+    cli.main(["presample", "--reward_model_name_or_path", path, "--reward_funcs", "accuracy_reward",
+              "--embedded_train_size", "4", "--num_samples", "2", "--max_completion_length", "8",
+              "--cache_dir", str(tmp_path / "cache"), "--output_dir", str(out), "--show_progress", "false"])
+    ds = load_from_disk(str(out))
+    assert presample_metadata(ds)["reward_funcs"] == ["tiny-rm", "accuracy_reward"]
+    scorer = load_reward_model(path)
+    for row in ds:
+        completions = [[{"role": "assistant", "content": t}] for t in row["ref_completions"]]
+        expected = scorer(prompts=[row["prompt"]] * 2, completions=completions)
+        assert [r[0] for r in row["ref_rewards_per_func"]] == pytest.approx(expected, abs=1e-6)
+        assert [r[1] for r in row["ref_rewards_per_func"]] in ([0.0, 0.0], [0.0, 1.0], [1.0, 0.0], [1.0, 1.0])
+    assert "tiny-rm" in (out / "README.md").read_text()
+
+
+def test_presample_reads_a_dataset_mixture_and_names_it_on_the_card(tmp_path):
+    from datasets import load_from_disk
+
+    from trl_variants.default import load_default_dataset
+
+    dirs = []
+    for seed, n in ((1, 3), (2, 2)):
+        d = tmp_path / f"part{seed}"
+        d.mkdir()
+        load_default_dataset(n_train=n, n_test=1, seed=seed)["train"].to_json(d / "train.jsonl")
+        dirs.append(str(d))
+    out = tmp_path / "presampled"
+    cli.main(["presample", "--datasets", *dirs, "--num_samples", "0", "--cache_dir", str(tmp_path / "cache"),
+              "--output_dir", str(out), "--show_progress", "false"])
+    ds = load_from_disk(str(out))
+    assert ds["solution"] == [*load_default_dataset(n_train=3, n_test=1, seed=1)["train"]["solution"],
+                              *load_default_dataset(n_train=2, n_test=1, seed=2)["train"]["solution"]]
+    card = (out / "README.md").read_text()
+    assert "mixture" in card and dirs[0] in card and dirs[1] in card
+
+
+def test_evaluate_refuses_a_reward_model_before_loading_anything(monkeypatch, tmp_path):
+    pytest.importorskip("matplotlib", reason="evaluate checks matplotlib first")
+    monkeypatch.setattr(cli, "load_eval_dataset", lambda *a, **k: pytest.fail("data loaded before the refusal"))
+    with pytest.raises(ValueError, match=r"--reward_model_name_or_path is not supported by evaluate"):
+        cli.main(["evaluate", "--reward_model_name_or_path", "org/rm", "--output_dir", str(tmp_path)])

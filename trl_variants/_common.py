@@ -1,7 +1,10 @@
-"""Small helpers shared by the four trainers: config resolution, the offline pass as a trainer runs it, full parameters
-under ZeRO-3, and the stop on a non-finite loss."""
+"""Small helpers shared by the four trainers: config resolution, the offline pass as a trainer runs it (and its
+numbers, logged once the trackers run), full parameters under ZeRO-3, and the stop on a non-finite loss."""
 
 from __future__ import annotations
+
+import time
+from contextlib import contextmanager
 
 import torch
 
@@ -49,11 +52,27 @@ def sampling_options(trainer) -> dict:
                 generation_kwargs=trainer.args.generation_kwargs or None)
 
 
-def full_parameters(trainer):
+def offline_reward_funcs(trainer, who: str) -> list:
+    """``trainer``'s reward functions as its offline pass calls them: each reward model wrapped with its tokenizer
+    (scored as GRPOTrainer scores it). Refused when a reward model is sharded (ZeRO-3, FSDP): every process runs its
+    own shards of the pass, so the processes would not run the model's collective forward calls together."""
+    from .presample.reward_calls import offline_reward_funcs as wrap
+
+    has_model = any(isinstance(f, torch.nn.Module) for f in trainer.reward_funcs)
+    plugin = getattr(trainer.accelerator.state, "deepspeed_plugin", None)
+    if has_model and (trainer.is_fsdp_enabled or trainer.is_deepspeed_enabled and plugin.zero_stage == 3):
+        raise ValueError(f"{who}: the offline pass cannot score with a reward model sharded by ZeRO-3 / FSDP. Run it "
+                         "first with `trl-variants presample --reward_model_name_or_path ...` (each process loads "
+                         "the whole reward model) and train on its output, or use ZeRO-2 / DDP")
+    return wrap(trainer.reward_funcs, trainer.reward_processing_classes, trainer.chat_template_kwargs)
+
+
+def full_parameters(trainer, params=None):
     """Context in which ``trainer.model`` holds its full parameters on every process: under DeepSpeed ZeRO-3 they are
     partitioned from the moment the model is loaded, so the offline passes (run in ``__init__``, before the model is
     prepared) gather them with DeepSpeed's ``zero.GatheredParameters`` (read-only: no process writes them back).
-    Every other setup already holds full parameters at that point; FSDP shards them only in ``prepare``."""
+    Every other setup already holds full parameters at that point; FSDP shards them only in ``prepare``.
+    ``params``: gather only these (e.g. one at a time, to read a sample of each)."""
     from contextlib import nullcontext
 
     plugin = getattr(trainer.accelerator.state, "deepspeed_plugin", None)
@@ -61,7 +80,49 @@ def full_parameters(trainer):
         return nullcontext()
     import deepspeed
 
-    return deepspeed.zero.GatheredParameters(list(trainer.model.parameters()), modifier_rank=None)
+    params = list(trainer.model.parameters()) if params is None else list(params)
+    return deepspeed.zero.GatheredParameters(params, modifier_rank=None)
+
+
+def check_presampled_model(trainer, dataset) -> None:
+    """Refuse a presampled dataset that another model made (``presample.metadata.check_presample_model``), with the
+    trainer's own weights gathered one at a time under ZeRO-3."""
+    from .presample.metadata import check_presample_model
+
+    check_presample_model(dataset, trainer.model, type(trainer).__name__,
+                          gather=lambda p: full_parameters(trainer, [p]))
+
+
+class OfflinePassLogMixin:
+    """The offline pass's numbers, logged once the trackers run. Mix in before ``GRPOTrainer``.
+
+    The offline pass runs in ``__init__``; transformers starts the trackers (wandb, trackio, ...) only in
+    ``on_train_begin`` or at the first log. TRL's profiling reports every profiled call (the pass's scoring forwards
+    among them) straight to the trackers in ``report_to``, and ``trackio.log`` before ``trackio.init`` raises ("Call
+    trackio.init() before trackio.log()"). So inside :meth:`offline_pass` nothing reports (``args.report_to`` is
+    emptied, then restored); the pass's wall time and the numbers given to :meth:`defer_log` are added, under
+    ``offline_pass/``, to the trainer's first log (training or evaluation), which reaches every tracker."""
+
+    _offline_logs: dict | None = None
+
+    @contextmanager
+    def offline_pass(self):
+        report_to, self.args.report_to = self.args.report_to, []
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.args.report_to = report_to
+        self.defer_log({"seconds": time.perf_counter() - start})
+
+    def defer_log(self, numbers: dict) -> None:
+        self._offline_logs = {**(self._offline_logs or {}),
+                              **{f"offline_pass/{k}": float(v) for k, v in numbers.items()}}
+
+    def log(self, logs, start_time=None):
+        if self._offline_logs:
+            logs, self._offline_logs = {**self._offline_logs, **logs}, None
+        return super().log(logs, start_time)
 
 
 class FiniteLossMixin:

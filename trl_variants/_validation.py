@@ -2,10 +2,14 @@
 
 Every function raises a ``ValueError`` naming the field, column, rows or path, and the fix. They are cheap: they
 read dataset columns and config values, never a model. ``docs/reliability.md`` ("Validated inputs") lists them.
+The one check that cannot run before training is on what reward functions return (:func:`reward_values`): it runs
+on every call, through :class:`CheckedReward`, which the trainers wrap around their reward functions.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 import os
 from pathlib import Path
@@ -203,3 +207,100 @@ def ensure_pad_token(tokenizer):
                              "EOS token: set tokenizer.pad_token before passing it")
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
+
+
+# ------------------------------------------------------------------------------------------- reward values ---
+REWARD_FIX = ("a reward function must return a list with one number per completion (None: no reward for that "
+              "completion), e.g. [float(r) for r in rewards]")
+
+
+def _reward_func_name(func) -> str:
+    """The name TRL gives a reward function (``trl.trainer.utils.get_callable_name``): partials unwrapped."""
+    while isinstance(func, functools.partial):
+        func = func.func
+    return getattr(func, "__name__", type(func).__name__)
+
+
+def _shown(value) -> str:
+    text = " ".join(repr(value).split())  # one line, however the value prints
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def reward_values(values, func, n: int) -> list[float]:
+    """What reward function ``func`` returned for ``n`` completions, as floats (NaN for None: TRL's "no reward",
+    excluded by its ``nansum``). Anything TRL's ``torch.tensor`` would choke on later without naming the function
+    (a string: "too many dimensions 'str'"), the wrong number of values, or an infinite reward (its group's
+    advantages become NaN) is refused here, naming the function, the completion index, the value and its type.
+    Shared by the trainers (:class:`CheckedReward`) and the offline pass (``presample.reward_calls``)."""
+    name = _reward_func_name(func)
+    if inspect.isawaitable(values):
+        raise TypeError(f"reward function {name!r} is async: the offline pass calls reward functions synchronously. "
+                        "Pass a synchronous version of it (e.g. one that calls asyncio.run)")
+    if isinstance(values, str | bytes | dict) or not hasattr(values, "__len__") or getattr(values, "ndim", 1) != 1:
+        raise TypeError(f"reward function {name!r} returned {_shown(values)} ({type(values).__name__}) for {n} "
+                        f"completions: {REWARD_FIX}")
+    if len(values) != n:
+        raise ValueError(f"reward function {name!r} returned {len(values)} values for {n} completions: {REWARD_FIX}")
+    out = []
+    for i, v in enumerate(values):
+        if v is None:
+            out.append(math.nan)
+            continue
+        try:
+            if isinstance(v, str | bytes) or getattr(v, "ndim", 0) != 0:
+                raise TypeError
+            x = float(v)
+        except (TypeError, ValueError):
+            raise TypeError(f"reward function {name!r} returned {_shown(v)} ({type(v).__name__}) for completion {i} "
+                            f"of {n}: {REWARD_FIX}") from None
+        if math.isinf(x):
+            raise ValueError(f"reward function {name!r} returned {x} for completion {i} of {n}: an infinite reward "
+                             "makes its group's advantages NaN. Return a finite number, or None for no reward")
+        out.append(x)
+    return out
+
+
+class CheckedReward:
+    """A TRL reward function whose every return value goes through :func:`reward_values`, so a bad value is refused
+    at the call that returned it, naming the function (``GRPOTrainer`` would fail later in ``torch.tensor`` with
+    "too many dimensions 'str'"). It keeps what TRL and the offline pass read from the function: ``__name__`` (TRL's
+    metric names), the signature (through ``__wrapped__``), and the cache fingerprint (``reward_fingerprint`` looks
+    through it). Returns floats, NaN where the function returned None (TRL turns None into NaN itself)."""
+
+    def __init__(self, func):
+        self.__wrapped__ = func
+        self.__name__ = _reward_func_name(func)
+
+    @staticmethod
+    def _count(args, kwargs) -> int:
+        return len(kwargs["completions"] if "completions" in kwargs else args[1])
+
+    def __call__(self, *args, **kwargs):
+        return reward_values(self.__wrapped__(*args, **kwargs), self.__wrapped__, self._count(args, kwargs))
+
+    def __repr__(self) -> str:
+        return f"CheckedReward({self.__wrapped__!r})"
+
+
+class AsyncCheckedReward(CheckedReward):
+    """:class:`CheckedReward` for an async reward function (TRL awaits it in its async reward path)."""
+
+    async def __call__(self, *args, **kwargs):
+        return reward_values(await self.__wrapped__(*args, **kwargs), self.__wrapped__, self._count(args, kwargs))
+
+
+def checked_reward_funcs(reward_funcs):
+    """``reward_funcs`` as a trainer passes them to ``GRPOTrainer.__init__`` (None, one, or a list), with every plain
+    callable wrapped in :class:`CheckedReward` (:class:`AsyncCheckedReward` when TRL would await it). Reward models
+    (``nn.Module``) and Hub ids (str) are left as they are: TRL scores them itself."""
+    from torch import nn
+    from trl.trainer.utils import is_async_callable
+
+    def wrap(func):
+        if isinstance(func, str | nn.Module | CheckedReward) or not callable(func):
+            return func
+        return AsyncCheckedReward(func) if is_async_callable(func) else CheckedReward(func)
+
+    if reward_funcs is None:
+        return None
+    return [wrap(f) for f in reward_funcs] if isinstance(reward_funcs, list) else wrap(reward_funcs)

@@ -12,7 +12,13 @@ from trl import TrlParser
 
 from ._validation import check_model_reference
 from .presample import PresampleConfig
-from .scripts import TrainScriptArguments, get_reward_funcs, load_datasets
+from .scripts import (
+    TrainScriptArguments,
+    get_reward_funcs,
+    load_datasets,
+    offline_reward_funcs,
+    uses_embedded,
+)
 
 
 @dataclass
@@ -44,6 +50,12 @@ def presample_main(argv: list[str]) -> None:
     if script_args.push_to_hub and not script_args.hub_dataset_id:
         raise ValueError("--push_to_hub needs --hub_dataset_id org/name")
     check_model_reference(script_args.model_name_or_path, "--model_name_or_path")  # before the data and model load
+    if config.backend == "vllm":
+        from .presample.vllm_backend import check_vllm_setup
+
+        check_vllm_setup(config)  # vllm, a GPU and options vLLM honours: before the data and the model load
+    if script_args.reward_model_name_or_path:
+        check_model_reference(script_args.reward_model_name_or_path, "--reward_model_name_or_path")
     if script_args.torch_threads:
         import torch
 
@@ -52,9 +64,7 @@ def presample_main(argv: list[str]) -> None:
     train, _ = load_datasets(script_args)
     source = presample_source(script_args)
     if script_args.split == "test":
-        from .scripts import EMBEDDED
-
-        if script_args.dataset_name != EMBEDDED:
+        if not uses_embedded(script_args):
             raise ValueError("--split test is only supported for the embedded dataset; pass the test split as "
                              "--dataset_name / --dataset_train_split instead")
         from .default import load_default_dataset
@@ -62,9 +72,9 @@ def presample_main(argv: list[str]) -> None:
         train = load_default_dataset(script_args.embedded_train_size, script_args.embedded_test_size,
                                      seed=script_args.embedded_seed)["test"]
     state = PartialState()
-    result = presample(script_args.model_name_or_path or DEFAULT_MODEL_PATH, None, train,
-                       get_reward_funcs(script_args.reward_funcs) if config.num_samples else [], config,
-                       accelerator=state if state.num_processes > 1 else None)
+    rewards = offline_reward_funcs(script_args, state.device, config.chat_template_kwargs) if config.num_samples else []
+    result = presample(script_args.model_name_or_path or DEFAULT_MODEL_PATH, None, train, rewards, config,
+                       accelerator=state)  # the model on this process's device (GPU), shards split if several
     if state.is_main_process:
         from pathlib import Path
 
@@ -83,15 +93,19 @@ def presample_main(argv: list[str]) -> None:
 
 def presample_source(script_args) -> dict:
     """What the prompts of ``trl-variants presample`` were taken from, for the dataset card."""
-    from .scripts import EMBEDDED
-
-    name = script_args.dataset_name or EMBEDDED
-    if name == EMBEDDED:
+    if uses_embedded(script_args):
         split = script_args.split if script_args.split == "test" else "train"
         return {"dataset": "embedded (trl_variants.default synthetic arithmetic task)", "split": split,
                 "embedded_train_size": script_args.embedded_train_size,
                 "embedded_test_size": script_args.embedded_test_size, "embedded_seed": script_args.embedded_seed}
-    source = {"dataset": name, "config": script_args.dataset_config, "split": script_args.dataset_train_split}
+    if getattr(script_args, "datasets", None):  # a mixture loaded with TRL's get_dataset
+        from dataclasses import asdict
+
+        source = {"dataset": "mixture", "datasets": [asdict(d) for d in script_args.datasets],
+                  "test_split_size": script_args.test_split_size, "split": script_args.dataset_train_split}
+    else:
+        source = {"dataset": script_args.dataset_name, "config": script_args.dataset_config,
+                  "split": script_args.dataset_train_split}
     if script_args.filter_column:
         source["filter"] = f"{script_args.filter_column} in {script_args.filter_values}"
     return source
@@ -150,6 +164,10 @@ def evaluate_main(argv: list[str]) -> None:
                        description=COMMAND_HELP["evaluate"], epilog=CONFIG_HELP)
     script_args, config = parser.parse_args_and_config(args=argv)
     require_matplotlib()  # the report's plots need it: fail now, not after all the sampling
+    if script_args.reward_model_name_or_path:
+        raise ValueError("--reward_model_name_or_path is not supported by evaluate: it counts a completion as correct "
+                         "when its reward is > 0 (accuracy, pass@k), which a reward model's score does not mean; "
+                         "evaluate with verifiable reward functions (--reward_funcs)")
     for option, value in [*(("--models", m) for m in script_args.models), ("--base_model", script_args.base_model),
                           ("--reference_model", script_args.reference_model)]:
         check_model_reference(value, option)  # every model, before any of them is loaded or evaluated

@@ -27,7 +27,7 @@ from .presample import PresampleConfig, presample, token_logps
 from .presample.logprobs import left_pad
 from .rewards import accuracy_reward
 
-__all__ = ["EvalConfig", "PassAtKCallback", "evaluate", "keep_and_exploration_rates", "pass_at_k", "plot_pass_at_k",
+__all__ = ["EvalConfig", "HeldOutCallback", "PassAtKCallback", "evaluate", "keep_and_exploration_rates", "pass_at_k", "plot_pass_at_k",
            "plot_temperature_sweep", "write_report"]
 
 
@@ -323,3 +323,94 @@ class PassAtKCallback(TrainerCallback):
             if "entropy" in e:
                 logs[f"eval_passk/T{t}/entropy"] = e["entropy"]
         trainer.log(logs)
+
+
+class HeldOutCallback(TrainerCallback):
+    """Held-out accuracy before training (the base), every ``eval_steps`` optimizer steps and after the last step:
+    greedy accuracy and avg@k at the trainer's sampling temperature, logged through the trainer as
+    ``heldout/greedy`` and ``heldout/avg@k``. When training ends it prints base vs trained and writes
+    ``<output_dir>/heldout.json`` and ``<output_dir>/heldout_curves.png`` (training reward and held-out accuracy
+    against the step). Every process must take part (the sampling is sharded).
+
+    >>> trainer.add_callback(HeldOutCallback(trainer, load_default_dataset()["test"], k=4, eval_steps=50))
+    """
+
+    def __init__(self, trainer, dataset, k: int = 4, eval_steps: int = 50, reward_funcs=accuracy_reward,
+                 max_completion_length: int | None = None, plot: bool = True):
+        if eval_steps < 1:
+            raise ValueError(f"eval_steps must be >= 1, got {eval_steps}")
+        args = trainer.args
+        self.trainer, self.dataset, self.eval_steps, self.reward_funcs, self.plot = (
+            trainer, dataset, eval_steps, reward_funcs, plot)
+        self.temperature = args.temperature
+        self.config = EvalConfig(k=k, temperatures=[args.temperature], top_p=args.top_p, compute_entropy=False,
+                                 max_completion_length=max_completion_length or args.max_completion_length,
+                                 seed=args.seed)
+        if plot:
+            _plt()  # before training: a missing matplotlib fails now, not after the run
+        self.history: list[dict] = []
+
+    def _measure(self, step: int) -> None:
+        if self.history and self.history[-1]["step"] == step:
+            return
+        trainer = self.trainer
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        was_training = model.training
+        multi = trainer.accelerator.num_processes > 1
+        res = evaluate(model, trainer.processing_class, self.dataset, self.reward_funcs, self.config,
+                       accelerator=trainer.accelerator if multi else None)
+        model.train(was_training)
+        k, t = self.config.k, str(self.temperature)
+        row = {"step": step, "greedy": res["greedy"], f"avg@{k}": res["temperatures"][t][f"avg@{k}"]}
+        self.history.append(row)
+        trainer.log({f"heldout/{key}": v for key, v in row.items() if key != "step"})
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self._measure(state.global_step)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step % self.eval_steps == 0:
+            self._measure(state.global_step)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self._measure(state.global_step)
+        if not state.is_world_process_zero:
+            return
+        base, last, k = self.history[0], self.history[-1], self.config.k
+        out = Path(args.output_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        rewards = [(e["step"], e["reward"]) for e in state.log_history if "reward" in e]
+        record = {"num_prompts": len(self.dataset), "temperature": self.temperature, "k": k,
+                  "history": self.history, "train_reward": rewards}
+        (out / "heldout.json").write_text(json.dumps(record, indent=1))
+        lines = [f"held-out accuracy on {len(self.dataset)} prompts never trained on (base -> step {last['step']}):"]
+        for key, label in (("greedy", "greedy"), (f"avg@{k}", f"avg@{k} (T={self.temperature:g})")):
+            lines.append(f"  {label:<16} {base[key]:.3f} -> {last[key]:.3f} ({100 * (last[key] - base[key]):+.1f} "
+                         "points)")
+        if self.plot:
+            plot_heldout_curves(record, out / "heldout_curves.png")
+            lines.append(f"  curves: {out / 'heldout_curves.png'}")
+        print("\n".join(lines), flush=True)
+
+
+def plot_heldout_curves(record: dict, path) -> None:
+    """Training reward (left) and held-out greedy / avg@k accuracy (right) against the optimizer step."""
+    plt = _plt()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    if record["train_reward"]:
+        steps, rewards = zip(*record["train_reward"], strict=True)
+        left.plot(steps, rewards, "-", color="C0")
+    left.set(xlabel="step", ylabel="mean reward of the rollouts", title="Training reward", ylim=(0, 1))
+    k = record["k"]
+    steps = [h["step"] for h in record["history"]]
+    right.plot(steps, [h["greedy"] for h in record["history"]], "-o", color="C1", label="greedy")
+    right.plot(steps, [h[f"avg@{k}"] for h in record["history"]], "-s", color="C2",
+               label=f"avg@{k} (T={record['temperature']:g})")
+    right.set(xlabel="step", ylabel="accuracy", ylim=(0, 1),
+              title=f"Held-out accuracy ({record['num_prompts']} prompts)")
+    right.legend(fontsize=8)
+    for ax in (left, right):
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

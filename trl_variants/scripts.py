@@ -12,9 +12,9 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trl import ModelConfig, ScriptArguments, TrlParser
+from trl import DatasetMixtureConfig, ModelConfig, ScriptArguments, TrlParser
 
-from ._validation import check_model_reference, check_no_none
+from ._validation import check_model_reference, check_no_none, ensure_pad_token
 from .default import DEFAULT_MODEL_PATH, load_default_dataset
 from .rewards import REWARD_FUNCS
 
@@ -22,22 +22,36 @@ EMBEDDED = "embedded"
 """``dataset_name`` value (the default) selecting the shipped synthetic math task."""
 
 
+TRL_REWARD_FUNCS = ("reasoning_accuracy_reward", "think_format_reward", "get_soft_overlong_punishment")
+"""Registry names of TRL's ``grpo.py`` that resolve to ``trl.rewards`` (``accuracy_reward`` is this package's)."""
+
+
 @dataclass
-class TrainScriptArguments(ScriptArguments):
-    """Dataset and reward options of the example scripts.
+class TrainScriptArguments(ScriptArguments, DatasetMixtureConfig):
+    """Dataset and reward options of the example scripts: TRL's ``grpo.py`` script arguments (``ScriptArguments``,
+    ``reward_model_name_or_path``, ``reward_funcs``) and dataset mixtures (``DatasetMixtureConfig``), plus ours.
 
     ``dataset_name``: a Hub id or local path loaded with ``datasets.load_dataset`` (``load_from_disk`` for a saved
     dataset directory, e.g. the output of ``trl-variants presample``), or ``"embedded"`` for the shipped synthetic
-    task. The dataset needs a ``prompt`` column and the gold column the reward functions read (``solution``).
+    task. ``datasets`` (a YAML list of ``DatasetConfig``, or ``--datasets path ...``) loads a mixture with TRL's
+    ``get_dataset`` instead. The data needs a ``prompt`` column and the gold column the reward functions read
+    (``solution``).
     """
 
     dataset_name: str | None = field(default=EMBEDDED, metadata={"help": "Hub id, local path or 'embedded'."})
     embedded_train_size: int = field(default=2000, metadata={"help": "Training prompts of the embedded task."})
-    embedded_test_size: int = field(default=200, metadata={"help": "Held-out prompts of the embedded task."})
+    embedded_test_size: int = field(default=500, metadata={"help": "Held-out prompts of the embedded task."})
     embedded_seed: int = field(default=0, metadata={"help": "Seed of the embedded task's training split."})
-    reward_funcs: list[str] = field(
-        default_factory=lambda: ["accuracy_reward"],
-        metadata={"help": f"Reward functions: {sorted(REWARD_FUNCS)} or a dotted import path ('pkg.mod.func')."},
+    reward_model_name_or_path: str | None = field(
+        default=None,
+        metadata={"help": "Reward model (Hub id or local path of a sequence-classification model, num_labels=1) used "
+                          "as a reward function, before --reward_funcs, as in TRL's grpo.py."},
+    )
+    reward_funcs: list[str] | None = field(
+        default=None,
+        metadata={"help": f"Reward functions: {sorted(REWARD_FUNCS)}, TRL's {list(TRL_REWARD_FUNCS)} or a dotted "
+                          "import path ('pkg.mod.func'). Default: accuracy_reward, or none when "
+                          "--reward_model_name_or_path is given."},
     )
     prompt_column: str = field(
         default="prompt",
@@ -51,6 +65,18 @@ class TrainScriptArguments(ScriptArguments):
     torch_threads: int | None = field(
         default=None, metadata={"help": "torch.set_num_threads for CPU runs (default: torch's choice)."}
     )
+    heldout_eval_steps: int = field(
+        default=0,
+        metadata={"help": "Embedded task only: held-out accuracy (greedy and avg@k at the training temperature, on "
+                          "the test split) before training, every N steps and at the end; prints base vs trained and "
+                          "writes heldout.json and heldout_curves.png to output_dir. 0: off."},
+    )
+    heldout_k: int = field(default=4, metadata={"help": "Samples per held-out prompt for avg@k."})
+
+    def __post_init__(self):
+        super().__post_init__()  # DatasetMixtureConfig: YAML dicts -> DatasetConfig
+        if self.reward_funcs is None:  # TRL's grpo.py has no default; ours keeps the math reward unless a model scores
+            self.reward_funcs = [] if self.reward_model_name_or_path else ["accuracy_reward"]
 
 
 def parse_args(config_cls, default_config: str | Path | None = None, argv: list[str] | None = None):
@@ -68,27 +94,73 @@ def parse_args(config_cls, default_config: str | Path | None = None, argv: list[
     return script_args, training_args, model_args
 
 
-def get_reward_funcs(names: list[str]):
-    """Reward callables by registry name (``accuracy_reward``, ``format_reward``) or dotted import path."""
-    if not names:
-        raise ValueError("reward_funcs is empty: give at least one, e.g. --reward_funcs accuracy_reward")
+def get_reward_funcs(names: list[str], allow_empty: bool = False):
+    """Reward callables by registry name (``accuracy_reward``, ``format_reward``, TRL's :data:`TRL_REWARD_FUNCS`)
+    or dotted import path. ``allow_empty``: no names is fine (a reward model scores instead)."""
+    if not names and not allow_empty:
+        raise ValueError("reward_funcs is empty: give at least one, e.g. --reward_funcs accuracy_reward, or a reward "
+                         "model with --reward_model_name_or_path")
     funcs = []
     for name in names:
         if name in REWARD_FUNCS:
             funcs.append(REWARD_FUNCS[name])
+        elif name in TRL_REWARD_FUNCS:
+            import trl.rewards
+
+            func = getattr(trl.rewards, name)
+            # the values TRL's grpo.py registers it with
+            funcs.append(func(max_completion_len=1280, soft_punish_cache=256)
+                         if name == "get_soft_overlong_punishment" else func)
         elif "." in name:
             module, attr = name.rsplit(".", 1)
             sys.path.insert(0, os.getcwd())
             funcs.append(getattr(importlib.import_module(module), attr))
         else:
-            raise ValueError(f"unknown reward function {name!r}: use one of {sorted(REWARD_FUNCS)} or 'pkg.module.func'")
+            raise ValueError(f"unknown reward function {name!r}: use one of "
+                             f"{sorted(REWARD_FUNCS) + list(TRL_REWARD_FUNCS)} or 'pkg.module.func'")
     return funcs
+
+
+def load_reward_model(path: str, chat_template_kwargs: dict | None = None, device=None):
+    """A reward model as the offline pass and ``trl-variants presample`` / ``evaluate`` call it: loaded as
+    GRPOTrainer loads ``reward_funcs=[path]`` (``AutoModelForSequenceClassification``, ``num_labels=1``, its own
+    tokenizer, EOS as pad token when it has none) and wrapped in :class:`~trl_variants.presample.reward_calls.
+    RewardModelReward`, which scores as GRPOTrainer does."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from .presample.reward_calls import RewardModelReward
+
+    check_model_reference(path, "--reward_model_name_or_path")
+    model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1).eval()
+    tokenizer = ensure_pad_token(AutoTokenizer.from_pretrained(path))
+    model.config.get_text_config().pad_token_id = tokenizer.pad_token_id  # it scores the last non-pad token
+    return RewardModelReward(model.to(device) if device is not None else model, tokenizer, chat_template_kwargs)
+
+
+def offline_reward_funcs(script_args: TrainScriptArguments, device=None, chat_template_kwargs: dict | None = None):
+    """The reward model (first, as in TRL's grpo.py) and reward functions of the script arguments, all as callables
+    (for ``trl-variants presample`` / ``evaluate``; a trainer loads the model itself from its path)."""
+    funcs = []
+    if script_args.reward_model_name_or_path:
+        funcs.append(load_reward_model(script_args.reward_model_name_or_path, chat_template_kwargs, device))
+    return funcs + get_reward_funcs(script_args.reward_funcs, allow_empty=bool(funcs))
+
+
+def uses_embedded(script_args: TrainScriptArguments) -> bool:
+    """True when the data is the shipped synthetic task (no ``dataset_name``, no ``datasets`` mixture)."""
+    return (script_args.dataset_name or EMBEDDED) == EMBEDDED and not getattr(script_args, "datasets", None)
 
 
 def load_datasets(script_args: TrainScriptArguments, training_args=None):
     """``(train_dataset, eval_dataset or None)`` per the script arguments."""
+    check_dataset_flags(script_args)
     name = script_args.dataset_name or EMBEDDED
-    if name == EMBEDDED:
+    if script_args.datasets:
+        from trl import get_dataset
+
+        name = "mixture of " + ", ".join(d.path for d in script_args.datasets)
+        ds = get_dataset(script_args)  # TRL's loader: DatasetDict(train[, test with test_split_size])
+    elif name == EMBEDDED:
         ds = load_default_dataset(
             script_args.embedded_train_size, script_args.embedded_test_size, seed=script_args.embedded_seed
         )
@@ -99,7 +171,7 @@ def load_datasets(script_args: TrainScriptArguments, training_args=None):
     else:
         from datasets import load_dataset
 
-        ds = load_dataset(name, name=script_args.dataset_config, streaming=script_args.dataset_streaming)
+        ds = load_dataset(name, name=script_args.dataset_config)
     if not hasattr(ds, "keys"):  # a single Dataset
         train, test = ds, None
     else:
@@ -114,6 +186,22 @@ def load_datasets(script_args: TrainScriptArguments, training_args=None):
     test = None if test is None else _prepare_columns(test, script_args, name)
     wants_eval = training_args is not None and getattr(training_args, "eval_strategy", "no") != "no"
     return train, (test if wants_eval else None)
+
+
+def check_dataset_flags(script_args: TrainScriptArguments) -> None:
+    """Refuse the dataset flags of TRL's ``grpo.py`` that the examples do not support, naming the flag and why."""
+    if script_args.dataset_streaming or script_args.streaming:
+        flag = "--dataset_streaming" if script_args.dataset_streaming else "--streaming"
+        raise ValueError(f"{flag} is not supported: the examples check every row before the model loads, and the "
+                         "offline passes of ERPO, DPH-RL and A*-PO read every prompt before training. Load the "
+                         f"dataset without {flag}; for part of a large dataset, list it under `datasets:` in the YAML "
+                         "with a split slice such as `split: train[:50000]`")
+    if script_args.datasets and (script_args.dataset_name or EMBEDDED) != EMBEDDED:
+        raise ValueError(f"both --datasets (a mixture) and --dataset_name {script_args.dataset_name!r} are given: "
+                         "give one (TRL's grpo.py would ignore --dataset_name with a warning)")
+    if script_args.ignore_bias_buffers:
+        raise ValueError("--ignore_bias_buffers has no effect in GRPO training (TRL's grpo.py ignores it too; it is "
+                         "a DDP workaround of TRL's DPO script): remove it")
 
 
 def _prepare_columns(ds, script_args: TrainScriptArguments, name: str):
@@ -148,7 +236,8 @@ def model_name_or_path(model_args: ModelConfig) -> str:
 
 
 def model_init_kwargs(model_args: ModelConfig, training_args) -> dict:
-    """``training_args.model_init_kwargs`` merged with ModelConfig's dtype / attention / revision options."""
+    """``training_args.model_init_kwargs`` merged with ModelConfig's dtype / attention / revision options (GRPOTrainer
+    adds ``trust_remote_code`` from the training arguments, as TRL's grpo.py does)."""
     kwargs = {"revision": model_args.model_revision, "attn_implementation": model_args.attn_implementation}
     if model_args.dtype is not None:
         kwargs["dtype"] = model_args.dtype
@@ -157,32 +246,105 @@ def model_init_kwargs(model_args: ModelConfig, training_args) -> dict:
     return kwargs
 
 
-def run_training(trainer_cls, config_cls, default_config: str | Path | None = None, argv: list[str] | None = None):
-    """What every ``examples/train_<algorithm>.py`` does, top to bottom: parse (YAML + flags), load the data and
-    rewards, build the trainer, train, save, push."""
+# ModelConfig options that only act together with another flag: TRL's scripts ignore them without it; we refuse.
+_NEEDS_FLAG = {
+    "use_peft": ("lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "lora_target_parameters",
+                 "lora_modules_to_save", "lora_task_type", "use_rslora", "use_dora", "load_in_4bit", "load_in_8bit"),
+    "load_in_4bit": ("bnb_4bit_quant_type", "use_bnb_nested_quant", "bnb_4bit_quant_storage"),
+}
+
+
+def check_model_flags(model_args: ModelConfig) -> None:
+    """Refuse ModelConfig flags that would be ignored (an option set without the flag that enables it), naming the
+    flag and the fix."""
+    defaults = ModelConfig()  # (both --load_in_4bit and --load_in_8bit: ModelConfig itself refuses them)
+    for switch, options in _NEEDS_FLAG.items():
+        if getattr(model_args, switch):
+            continue
+        for option in options:
+            if getattr(model_args, option) != getattr(defaults, option):
+                why = (" (a quantized model cannot be trained directly: QLoRA trains LoRA adapters on it)"
+                       if option.startswith("load_in") else "")
+                raise ValueError(f"--{option} only acts with --{switch}, which is not set{why}: add --{switch} or "
+                                 f"drop --{option}")
+
+
+def quantization_config(model_args: ModelConfig):
+    """The ``BitsAndBytesConfig`` of ``--load_in_4bit`` / ``--load_in_8bit`` built by TRL's own
+    ``get_quantization_config`` (None without them). Checked here with transformers' own quantizer check (the one
+    ``from_pretrained`` runs), so a machine where bitsandbytes cannot run fails now, naming the flag, not after the
+    data has loaded, and never trains unquantized."""
+    from transformers.quantizers import AutoHfQuantizer
+    from trl import get_quantization_config
+
+    config = get_quantization_config(model_args)
+    if config is None:
+        return None
+    flag = "--load_in_4bit" if model_args.load_in_4bit else "--load_in_8bit"
+    try:
+        AutoHfQuantizer.from_config(config).validate_environment(device_map=None)
+    except (ImportError, RuntimeError) as e:
+        raise ValueError(f"{flag} quantizes the model with bitsandbytes, which cannot run here ({e}). Fix: run on a "
+                         "machine where it can (a CUDA GPU, with `pip install bitsandbytes`), or drop "
+                         f"{flag} to train the unquantized model (with --use_peft: plain LoRA). Nothing was "
+                         "loaded") from e
+    return config
+
+
+def trainer_kwargs(script_args: TrainScriptArguments, training_args, model_args: ModelConfig) -> dict:
+    """The keyword arguments of the trainer, built as TRL's grpo.py builds GRPOTrainer's (reward model path first
+    in ``reward_funcs``, ``quantization_config`` and ``peft_config`` from TRL's helpers). Every flag is checked
+    before anything loads; the datasets load here, the models in the trainer."""
     from trl import get_peft_config
 
-    script_args, training_args, model_args = parse_args(config_cls, default_config=default_config, argv=argv)
-    check_model_reference(model_name_or_path(model_args), "--model_name_or_path")  # before the data and model load
+    check_model_flags(model_args)
+    check_dataset_flags(script_args)
+    quantization = quantization_config(model_args)
+    check_model_reference(model_name_or_path(model_args), "--model_name_or_path")
+    reward_funcs = []
+    if script_args.reward_model_name_or_path:  # a path: GRPOTrainer loads it (num_labels=1) and its tokenizer
+        check_model_reference(script_args.reward_model_name_or_path, "--reward_model_name_or_path")
+        reward_funcs.append(script_args.reward_model_name_or_path)
+    reward_funcs += get_reward_funcs(script_args.reward_funcs, allow_empty=bool(reward_funcs))
     training_args.model_init_kwargs = model_init_kwargs(model_args, training_args)
     train_dataset, eval_dataset = load_datasets(script_args, training_args)
-    trainer = trainer_cls(
-        model=model_name_or_path(model_args),
-        reward_funcs=get_reward_funcs(script_args.reward_funcs),
-        args=training_args,
-        train_dataset=train_dataset,
-        eval_dataset=eval_dataset,
-        peft_config=get_peft_config(model_args),
-    )
+    return dict(model=model_name_or_path(model_args), reward_funcs=reward_funcs, args=training_args,
+                train_dataset=train_dataset, eval_dataset=eval_dataset, quantization_config=quantization,
+                peft_config=get_peft_config(model_args))
+
+
+def run_training(trainer_cls, config_cls, default_config: str | Path | None = None, argv: list[str] | None = None):
+    """What every ``examples/train_<algorithm>.py`` does, top to bottom: parse (YAML + flags), check every flag, load
+    the data and rewards, build the trainer, train, save, push."""
+    script_args, training_args, model_args = parse_args(config_cls, default_config=default_config, argv=argv)
+    check_heldout_flags(script_args)
+    trainer = trainer_cls(**trainer_kwargs(script_args, training_args, model_args))
+    if script_args.heldout_eval_steps:
+        from .evaluate import HeldOutCallback
+
+        heldout = load_default_dataset(0, script_args.embedded_test_size)["test"]
+        trainer.add_callback(HeldOutCallback(trainer, heldout, k=script_args.heldout_k,
+                                             eval_steps=script_args.heldout_eval_steps))
     train_and_save(trainer, training_args, script_args)
     return trainer
+
+
+def check_heldout_flags(script_args: TrainScriptArguments) -> None:
+    if script_args.heldout_eval_steps < 0 or script_args.heldout_k < 1:
+        raise ValueError(f"--heldout_eval_steps must be >= 0 (got {script_args.heldout_eval_steps}) and --heldout_k "
+                         f">= 1 (got {script_args.heldout_k})")
+    if script_args.heldout_eval_steps and not uses_embedded(script_args):
+        raise ValueError("--heldout_eval_steps evaluates on the embedded task's test split, but the data is "
+                         f"{script_args.dataset_name or script_args.datasets!r}: drop --heldout_eval_steps and "
+                         "evaluate with `trl-variants evaluate` (or a PassAtKCallback) on your own held-out split")
 
 
 def train_and_save(trainer, training_args, script_args):
     """Train (resuming when asked), save the final model and card, push to the Hub when asked."""
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     trainer.save_model(training_args.output_dir)
-    dataset_name = None if script_args.dataset_name == EMBEDDED else script_args.dataset_name  # None: no Hub link
+    # the Hub link of the card: none for the embedded task or a mixture
+    dataset_name = None if uses_embedded(script_args) or script_args.datasets else script_args.dataset_name
     hub_id = training_args.hub_model_id
     model_name = hub_id.split("/")[-1] if hub_id else Path(training_args.output_dir).name
     trainer.create_model_card(model_name=model_name, dataset_name=dataset_name)

@@ -172,7 +172,7 @@ torch.set_num_threads(1)
 from accelerate.utils import gather_object
 from trl_variants import DPHConfig, DPHTrainer, accuracy_reward, load_default_dataset
 from trl_variants.default import DEFAULT_MODEL_PATH
-args = DPHConfig(output_dir={str(tmp_path / 'out')!r}, use_cpu=True, bf16=False, activation_checkpointing=False,
+args = DPHConfig(output_dir={str(tmp_path / 'out')!r}, use_cpu=True, bf16=False, gradient_checkpointing=False,
                  report_to="none", save_strategy="no", per_device_train_batch_size=8, num_generations=4,
                  max_completion_length=32, max_steps=2, num_presamples=4, pef_threshold=4, pef_batch_size=2,
                  learning_rate=1e-3, presample_cache_dir={str(tmp_path / 'cache')!r}, disable_tqdm=True)

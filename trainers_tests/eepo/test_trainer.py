@@ -198,7 +198,7 @@ torch.set_num_threads(1)
 from accelerate.utils import gather_object
 from trl_variants import EEPOConfig, EEPOTrainer, accuracy_reward, load_default_dataset
 from trl_variants.default import DEFAULT_MODEL_PATH
-args = EEPOConfig(output_dir={str(tmp_path / 'out')!r}, use_cpu=True, bf16=False, activation_checkpointing=False,
+args = EEPOConfig(output_dir={str(tmp_path / 'out')!r}, use_cpu=True, bf16=False, gradient_checkpointing=False,
                   report_to="none", save_strategy="no", per_device_train_batch_size=8, num_generations=4,
                   max_completion_length=16, max_steps=2, entropy_gate="always", learning_rate=1e-3, disable_tqdm=True)
 t = EEPOTrainer(model=DEFAULT_MODEL_PATH, reward_funcs=accuracy_reward, args=args,

@@ -128,3 +128,19 @@ def test_reward_fingerprint_is_stable_once_the_reward_has_run():
     for _ in range(3):
         accuracy_reward([f"\\boxed{{{i}}}" for i in range(40)], ["3"] * 40)
     assert reward_fingerprint(accuracy_reward) == before
+
+
+def test_trainer_checked_reward_is_the_same_cache_entry(tmp_path, prompts, tiny_model, tiny_tokenizer, monkeypatch):
+    """The trainers wrap their reward functions (``CheckedReward``, issue #16): the wrapped function keys the cache,
+    so a pass made with the plain function (e.g. by `trl-variants presample`) is a hit for a trainer, not re-scored."""
+    from trl_variants._validation import checked_reward_funcs
+
+    checked = checked_reward_funcs(accuracy_reward)
+    config = _config(tmp_path)
+    assert cache_key(tiny_model, tiny_tokenizer, prompts, config, [checked], [1.0]) == \
+        cache_key(tiny_model, tiny_tokenizer, prompts, config, [accuracy_reward], [1.0])
+    first = presample(tiny_model, tiny_tokenizer, prompts, accuracy_reward, config)
+    _no_generation(monkeypatch)
+    monkeypatch.setattr(runner, "_add_rewards", lambda *a, **k: pytest.fail("re-scored: the cache should answer"))
+    again = presample(tiny_model, tiny_tokenizer, prompts, checked, config)
+    assert again["ref_rewards"] == first["ref_rewards"] and again["ref_value"] == first["ref_value"]

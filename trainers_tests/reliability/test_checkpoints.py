@@ -250,7 +250,7 @@ from trl_variants.default import DEFAULT_MODEL_PATH
 
 
 def dph(max_steps):
-    args = DPHConfig(output_dir={out!r}, use_cpu=True, bf16=False, activation_checkpointing=False, report_to="none",
+    args = DPHConfig(output_dir={out!r}, use_cpu=True, bf16=False, gradient_checkpointing=False, report_to="none",
                      disable_tqdm=True, save_strategy="steps", save_steps=1, per_device_train_batch_size=4,
                      num_generations=4, max_completion_length=40, learning_rate=1e-3, seed=0, max_steps=max_steps,
                      num_presamples=4, pef_threshold=4, pef_batch_size=3, presample_cache_dir={cache!r})

@@ -25,19 +25,23 @@ from .._checkpoint import CheckpointStateMixin
 from .._citations import APO, paper
 from .._common import (
     FiniteLossMixin,
+    OfflinePassLogMixin,
+    check_presampled_model,
     check_prompt_ids,
     full_parameters,
+    offline_reward_funcs,
     resolve_config,
     sampling_options,
     trainer_prompt_ids,
 )
 from .._reference import frozen_copy_of_policy
-from .._validation import check_presampled_columns, check_train_dataset
-from ..presample import PresampleConfig, check_presample_options, presample
+from .._validation import check_presampled_columns, check_train_dataset, checked_reward_funcs
+from ..presample import PresampleConfig, check_presample_options, presample, summarize
+from ..presample.vllm_backend import trainer_generator
 from .config import APOConfig
 
 
-class APOTrainer(CheckpointStateMixin, ModelCardMixin, FiniteLossMixin, GRPOTrainer):
+class APOTrainer(CheckpointStateMixin, ModelCardMixin, FiniteLossMixin, OfflinePassLogMixin, GRPOTrainer):
     """A*-PO. Takes GRPOTrainer's arguments; see [`APOConfig`]."""
 
     _tag_names = ["trl", "a-star-po"]
@@ -55,6 +59,7 @@ class APOTrainer(CheckpointStateMixin, ModelCardMixin, FiniteLossMixin, GRPOTrai
         # GRPOTrainer reloads its reference from the model's name; for an in-memory model that is not the policy we
         # were given, so in that case we build the reference ourselves from the given weights.
         own_reference = isinstance(model, PreTrainedModel) and peft_config is None
+        reward_funcs = checked_reward_funcs(reward_funcs)  # a bad reward value is refused naming the function
         beta2 = args.beta
         if own_reference:
             args.beta = 0.0
@@ -66,7 +71,8 @@ class APOTrainer(CheckpointStateMixin, ModelCardMixin, FiniteLossMixin, GRPOTrai
         if own_reference:
             self.beta = beta2
             self.ref_model = frozen_copy_of_policy(self)
-        self.train_dataset = self._with_values(train_dataset)
+        with self.offline_pass():
+            self.train_dataset = self._with_values(train_dataset)
         self._warned_non_binary = False
 
     # ---------------------------------------------------------------------------------- stage 1 (offline) ---
@@ -75,11 +81,10 @@ class APOTrainer(CheckpointStateMixin, ModelCardMixin, FiniteLossMixin, GRPOTrai
         if "ref_value" in dataset.column_names:
             check_presample_options(dataset, num_samples=args.num_value_samples, value_beta=args.value_beta,
                                     **sampling_options(self))
+            check_presampled_model(self, dataset)  # made by this model (its weights, in any dtype)
             check_prompt_ids(self, dataset)
         else:
-            for func in self.reward_funcs:
-                if isinstance(func, torch.nn.Module):
-                    raise ValueError("APOTrainer's stage 1 scores with reward functions, not reward models")
+            reward_funcs = offline_reward_funcs(self, "APOTrainer")  # reward models scored as GRPOTrainer does
             config = PresampleConfig(
                 num_samples=args.num_value_samples, value_beta=args.value_beta, **sampling_options(self),
                 record_prompt_logp=False, seed=args.seed, cache_dir=args.presample_cache_dir,
@@ -89,11 +94,13 @@ class APOTrainer(CheckpointStateMixin, ModelCardMixin, FiniteLossMixin, GRPOTrai
             self.model.eval()
             try:
                 with self._reference_weights(), full_parameters(self):
-                    dataset = presample(self.model, self.processing_class, dataset, self.reward_funcs, config,
+                    dataset = presample(self.model, self.processing_class, dataset, reward_funcs, config,
                                         reward_weights=self.reward_weights.tolist(), accelerator=self.accelerator,
-                                        tokenize_fn=lambda prompts: trainer_prompt_ids(self, prompts))
+                                        tokenize_fn=lambda prompts: trainer_prompt_ids(self, prompts),
+                                        generator=trainer_generator(self))
             finally:
                 self.model.train(was_training)
+        self.defer_log(summarize(dataset))  # the pass's numbers, before any prompt is left out
         no_value = [i for i, v in enumerate(dataset["ref_value"]) if not math.isfinite(v)]
         if no_value:  # every reference sample of these prompts lacked a reward (TRL: None / NaN is excluded)
             warnings.warn(f"A*-PO: {len(no_value)} prompts have no value estimate (none of their {args.num_value_samples}"
@@ -109,6 +116,7 @@ class APOTrainer(CheckpointStateMixin, ModelCardMixin, FiniteLossMixin, GRPOTrai
                 raise ValueError(f"filter_all_incorrect dropped all {len(dataset)} prompts (every reference sample "
                                  "was wrong): nothing to train on. Set filter_all_incorrect=False or use easier data")
             dataset = kept
+        self.defer_log({"num_prompts_kept": len(dataset)})
         return dataset
 
     def _reference_weights(self):

@@ -24,24 +24,28 @@ from .._checkpoint import CheckpointStateMixin
 from .._citations import DPH, paper
 from .._common import (
     FiniteLossMixin,
+    OfflinePassLogMixin,
+    check_presampled_model,
     check_prompt_ids,
     full_parameters,
+    offline_reward_funcs,
     resolve_config,
     sampling_options,
     trainer_prompt_ids,
 )
 from .._reference import frozen_copy_of_policy
-from .._validation import check_presampled_columns, check_train_dataset
+from .._validation import check_presampled_columns, check_train_dataset, checked_reward_funcs
 from ..generation import pack_prompt_completion
 from ..presample import PresampleConfig, check_presample_options, presample
-from ..presample.metadata import presample_metadata
+from ..presample.metadata import presample_metadata, summarize
+from ..presample.vllm_backend import trainer_generator
 from .config import DPHConfig
 from .split import dph_split
 
 _PRESAMPLE_COLUMNS = ("ref_rewards", "ref_completion_ids", "ref_completion_logps", "ref_prompt_ids")
 
 
-class DPHTrainer(CheckpointStateMixin, ModelCardMixin, FiniteLossMixin, GRPOTrainer):
+class DPHTrainer(CheckpointStateMixin, ModelCardMixin, FiniteLossMixin, OfflinePassLogMixin, GRPOTrainer):
     """Diversity-Preserving Hybrid RL. Takes GRPOTrainer's arguments; see [`DPHConfig`]."""
 
     _tag_names = ["trl", "grpo", "dph-rl"]
@@ -59,6 +63,7 @@ class DPHTrainer(CheckpointStateMixin, ModelCardMixin, FiniteLossMixin, GRPOTrai
         check_presampled_columns(train_dataset, _PRESAMPLE_COLUMNS, "DPHTrainer",
                                  f"--num_samples {args.num_presamples} --record_completion_logps true")
         definition = args.divergence_form == "definition"
+        reward_funcs = checked_reward_funcs(reward_funcs)  # a bad reward value is refused naming the function
         super().__init__(model, reward_funcs, args=args, train_dataset=train_dataset, eval_dataset=eval_dataset,
                          **kwargs)
         if definition:  # App. F needs a live reference: the frozen start (the disabled adapter under PEFT)
@@ -66,12 +71,14 @@ class DPHTrainer(CheckpointStateMixin, ModelCardMixin, FiniteLossMixin, GRPOTrai
 
             if not isinstance(self.accelerator.unwrap_model(self.model), PeftModel):
                 self.ref_model = frozen_copy_of_policy(self)
-        presampled = self._presampled(train_dataset)
-        reward_index = self._correctness_index(presampled)
-        split = dph_split(presampled, args.pef_threshold, args.pef_keep,
-                          self._refinement_rewards(train_dataset, reward_index) if args.pef_refine else None,
-                          reward_index=reward_index, correct_threshold=args.correctness_threshold)
+        with self.offline_pass():
+            presampled = self._presampled(train_dataset)
+            reward_index = self._correctness_index(presampled)
+            split = dph_split(presampled, args.pef_threshold, args.pef_keep,
+                              self._refinement_rewards(train_dataset, reward_index) if args.pef_refine else None,
+                              reward_index=reward_index, correct_threshold=args.correctness_threshold)
         self.pef_dataset, self.train_dataset, self.split_stats = split.pef, split.exp, split.stats
+        self.defer_log({**summarize(presampled), **split.stats})
         if len(self.pef_dataset) == 0:
             if args.require_pef:
                 raise ValueError(f"no prompt reached {args.pef_threshold} of {args.num_presamples} correct: D_pef is "
@@ -104,23 +111,23 @@ class DPHTrainer(CheckpointStateMixin, ModelCardMixin, FiniteLossMixin, GRPOTrai
         return logps
 
     def _run_presample(self, dataset, num_samples: int, seed: int):
-        for func in self.reward_funcs:
-            if isinstance(func, torch.nn.Module):
-                raise ValueError("DPHTrainer's offline pass scores with reward functions, not reward models")
+        reward_funcs = offline_reward_funcs(self, "DPHTrainer")  # reward models scored as GRPOTrainer does
         was_training = self.model.training
         self.model.eval()
         try:
             with full_parameters(self):
-                return presample(self.model, self.processing_class, dataset, self.reward_funcs,
+                return presample(self.model, self.processing_class, dataset, reward_funcs,
                                  self._presample_config(num_samples, seed), reward_weights=self.reward_weights.tolist(),
                                  accelerator=self.accelerator, token_logps_fn=self._fused_scorer,
-                                 tokenize_fn=lambda prompts: trainer_prompt_ids(self, prompts))
+                                 tokenize_fn=lambda prompts: trainer_prompt_ids(self, prompts),
+                                 generator=trainer_generator(self))
         finally:
             self.model.train(was_training)
 
     def _presampled(self, dataset):
         if all(c in dataset.column_names for c in _PRESAMPLE_COLUMNS):
             check_presample_options(dataset, num_samples=self.args.num_presamples, **sampling_options(self))
+            check_presampled_model(self, dataset)  # made by this model (its weights, in any dtype)
             check_prompt_ids(self, dataset)
             return dataset
         return self._run_presample(dataset, self.args.num_presamples, self.args.seed)

@@ -29,7 +29,7 @@ from .._card import ModelCardMixin
 from .._checkpoint import CheckpointStateMixin
 from .._citations import EEPO, paper
 from .._common import FiniteLossMixin, resolve_config
-from .._validation import check_train_dataset
+from .._validation import check_train_dataset, checked_reward_funcs
 from ..generation import pack_prompt_completion
 from .config import EEPOConfig
 
@@ -48,6 +48,7 @@ class EEPOTrainer(CheckpointStateMixin, ModelCardMixin, FiniteLossMixin, GRPOTra
         for unsupported in ("tools", "environment_factory", "rollout_func"):
             if kwargs.get(unsupported) is not None:
                 raise ValueError(f"EEPOTrainer does not support {unsupported}= (two-stage rollouts are single-turn)")
+        reward_funcs = checked_reward_funcs(reward_funcs)  # a bad reward value is refused naming the function
         super().__init__(model, reward_funcs, args=args, train_dataset=train_dataset, eval_dataset=eval_dataset,
                          **kwargs)
         if args.entropy_gate != "never" and (self.is_deepspeed_enabled and self.accelerator.state.deepspeed_plugin

@@ -18,14 +18,22 @@ from .. import losses
 from .._card import ModelCardMixin
 from .._checkpoint import CheckpointStateMixin
 from .._citations import ERPO, paper
-from .._common import FiniteLossMixin, check_prompt_ids, full_parameters, resolve_config, trainer_prompt_ids
-from .._validation import check_finite_column, check_train_dataset
+from .._common import (
+    FiniteLossMixin,
+    OfflinePassLogMixin,
+    check_presampled_model,
+    check_prompt_ids,
+    full_parameters,
+    resolve_config,
+    trainer_prompt_ids,
+)
+from .._validation import check_finite_column, check_train_dataset, checked_reward_funcs
 from ..presample import check_presample_options
 from .config import ERPOConfig
 from .reference import add_reference_prompt_logps
 
 
-class ERPOTrainer(CheckpointStateMixin, ModelCardMixin, FiniteLossMixin, GRPOTrainer):
+class ERPOTrainer(CheckpointStateMixin, ModelCardMixin, FiniteLossMixin, OfflinePassLogMixin, GRPOTrainer):
     """Environment-Regularized Policy Optimization. Takes exactly GRPOTrainer's arguments; see [`ERPOConfig`]."""
 
     _tag_names = ["trl", "grpo", "erpo"]
@@ -39,6 +47,7 @@ class ERPOTrainer(CheckpointStateMixin, ModelCardMixin, FiniteLossMixin, GRPOTra
                  eval_dataset=None, **kwargs):
         args = resolve_config(model, args, ERPOConfig, "ERPO")
         check_train_dataset(train_dataset, "ERPOTrainer")  # before GRPOTrainer loads the model
+        reward_funcs = checked_reward_funcs(reward_funcs)  # a bad reward value is refused naming the function
         super().__init__(model, reward_funcs, args=args, train_dataset=train_dataset, eval_dataset=eval_dataset,
                          **kwargs)
         self._want_prompt_logps = False  # set around the loss forward when Query-KL needs l_theta(s)
@@ -46,14 +55,15 @@ class ERPOTrainer(CheckpointStateMixin, ModelCardMixin, FiniteLossMixin, GRPOTra
         if args.needs_reference_prompt_logps:
             # l_ref(s) from the model as given (the frozen start), before any update, through the same fused kernel
             # that later yields l_theta(s), so that the Query-KL is exactly 0 at step 0.
-            self.train_dataset = self._with_reference_prompt_logps(self.train_dataset)
-            if isinstance(self.eval_dataset, dict):
-                self.eval_dataset = {k: self._with_reference_prompt_logps(v) for k, v in self.eval_dataset.items()}
-            elif self.eval_dataset is not None:
-                self.eval_dataset = self._with_reference_prompt_logps(self.eval_dataset)
-            if args.use_query_weights and args.query_weight_source == "reference":
-                ref = torch.tensor(self.train_dataset[args.ref_prompt_logp_column], dtype=torch.float64)
-                self._ref_prompt_logp_mean = ref.mean().item()
+            with self.offline_pass():
+                self.train_dataset = self._with_reference_prompt_logps(self.train_dataset)
+                if isinstance(self.eval_dataset, dict):
+                    self.eval_dataset = {k: self._with_reference_prompt_logps(v) for k, v in self.eval_dataset.items()}
+                elif self.eval_dataset is not None:
+                    self.eval_dataset = self._with_reference_prompt_logps(self.eval_dataset)
+            ref = torch.tensor(self.train_dataset[args.ref_prompt_logp_column], dtype=torch.float64)
+            self._ref_prompt_logp_mean = ref.mean().item()
+            self.defer_log({"ref_prompt_logp_mean": self._ref_prompt_logp_mean, "num_prompts": len(ref)})
 
     # ---------------------------------------------------------------------------------- reference pass (once) ---
     def _with_reference_prompt_logps(self, dataset):
@@ -63,6 +73,7 @@ class ERPOTrainer(CheckpointStateMixin, ModelCardMixin, FiniteLossMixin, GRPOTra
         if column in dataset.column_names:  # from `trl-variants presample`, or the user's own
             check_finite_column(dataset, column, "recompute it (drop the column and the trainer runs the reference pass)")
             check_presample_options(dataset, temperature=self.temperature)
+            check_presampled_model(self, dataset)  # made by this model (its weights, in any dtype)
             check_prompt_ids(self, dataset)
             return dataset
 

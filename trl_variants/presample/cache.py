@@ -32,6 +32,74 @@ def _model_fingerprint(model) -> str:
     return h.hexdigest()[:16]
 
 
+# ------------------------------------------------------------------------------- the model a dataset was made by ---
+# A presampled dataset records which weights made it (:func:`model_signature`); a trainer compares it with its own
+# model (``metadata.check_presample_model``). The same weights loaded in another dtype are the same model: from_pretrained
+# casts with round-to-nearest, so both sides cast to the coarser of the two dtypes are bit-identical.
+_SIGNATURE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _reference_weights(model):
+    """The tensors that define the model's function before training, in definition order. Under PEFT: the base
+    model's own weights (the adapters, and the trainable copies of ``modules_to_save``, left out; they start as
+    no-ops), so a PEFT trainer compares the base model a presampled dataset was made with."""
+    from peft import PeftModel
+
+    if not isinstance(model, PeftModel):
+        return [p for _, p in model.named_parameters()]
+    adapters = set(model.peft_config)
+    return [p for name, p in model.get_base_model().named_parameters() if not adapters & set(name.split("."))]
+
+
+def _weights_dtype(params) -> str | None:
+    """The dtype most of the floating-point weights have, as a name in :data:`_SIGNATURE_DTYPES` (float64 counts as
+    float32); None when a weight is not floating point (a quantized model: its stored values are not the weights)."""
+    counts: dict[str, int] = {}
+    for p in params:
+        if not p.is_floating_point() or p.dtype.itemsize == 1:  # int / packed 4-bit / float8 storage
+            return None
+        name = {torch.float64: "float32"}.get(p.dtype, str(p.dtype).removeprefix("torch."))
+        counts[name] = counts.get(name, 0) + p.numel()
+    best = max(counts, key=counts.get) if counts else None
+    return best if best in _SIGNATURE_DTYPES else None
+
+
+def signature_dtype(a: str, b: str) -> str:
+    """The dtype in which two copies of the same weights, held in dtypes ``a`` and ``b``, are bit-identical: the
+    coarser one (float32 vs bfloat16 -> bfloat16); bfloat16 vs float16 compare in bfloat16 (exact when the weights
+    were stored in either of them, as most checkpoints are)."""
+    if a == b:
+        return a
+    return b if a == "float32" else a if b == "float32" else "bfloat16"
+
+
+def model_signature(model, dtypes=tuple(_SIGNATURE_DTYPES), gather=None) -> dict:
+    """Which weights a model holds, robust to the dtype it was loaded in: per dtype in ``dtypes``, a hash of every
+    weight's shape and of 64 evenly spaced values cast to that dtype (a fine-tuned or another model differs in
+    them; the name or path and the config do not enter: a path moves, a config gains keys between transformers
+    versions). ``dtype`` is the weights' own; ``name`` is for messages only. ``gather(p)``, when given, is a context
+    in which ``p`` holds its full value (DeepSpeed ZeRO-3)."""
+    from contextlib import nullcontext
+
+    params = _reference_weights(model)
+    own = _weights_dtype(params)
+    record = {"name": str(getattr(model.config, "_name_or_path", "") or type(model).__name__), "dtype": own,
+              "hashes": {}}
+    if own is None or not dtypes:
+        return record
+    hashes = {d: hashlib.sha256() for d in dtypes}
+    with torch.no_grad():
+        for p in params:
+            with gather(p) if gather else nullcontext():
+                shape, flat = str(tuple(p.shape)).encode(), p.detach().reshape(-1)
+                sample = flat[:: max(1, flat.numel() // 64)][:64].cpu()
+            for d, h in hashes.items():
+                h.update(shape)
+                h.update(sample.to(_SIGNATURE_DTYPES[d]).float().numpy().tobytes())
+    record["hashes"] = {d: h.hexdigest()[:16] for d, h in hashes.items()}
+    return record
+
+
 def _tokenizer_fingerprint(tokenizer) -> str:
     """The whole tokenizer (vocabulary, merges, normalisation) when it is a fast one, its chat template and special
     tokens (decoding the completions depends on all of them)."""

@@ -54,7 +54,11 @@ class PresampleConfig:
             cache key (sampled batches draw their random numbers together: another batch size gives other, equally
             valid samples). Trainers use fixed values, never ones derived from the per-device batch size.
         backend: ``"hf"`` (transformers generate), ``"vllm"`` (needs vllm and a GPU) or ``"auto"`` (vLLM when
-            available, else hf). The backend that actually runs is part of the cache key.
+            available, else hf). The backend that actually runs is part of the cache key. A trainer with
+            ``use_vllm=True`` generates with its own engine instead (docs/presample.md).
+        use_vllm: the same as ``backend="vllm"`` (the name TRL's configs use).
+        vllm_tensor_parallel_size, vllm_gpu_memory_utilization, vllm_max_model_length: the offline ``vllm.LLM``'s
+            (``trl-variants presample --use_vllm``); resources only, not in the cache key.
         cache_dir: where shards and the final dataset are stored; None = ``$TRL_VARIANTS_CACHE`` or
             ``~/.cache/trl_variants/presample``. ``use_cache=False`` recomputes and stores nothing.
     """
@@ -124,6 +128,21 @@ class PresampleConfig:
         metadata={"help": "'hf' (transformers generate), 'vllm' (needs vllm and a GPU) or 'auto' "
                           "(vLLM when available)."},
     )
+    use_vllm: bool = field(
+        default=False, metadata={"help": "Generate with vLLM (the same as --backend vllm; needs vllm and a GPU)."}
+    )
+    vllm_tensor_parallel_size: int = field(
+        default=1, metadata={"help": "GPUs the offline vLLM engine spreads the model over (one process only)."}
+    )
+    vllm_gpu_memory_utilization: float = field(
+        default=0.5,
+        metadata={"help": "Fraction of each GPU's memory the offline vLLM engine may take; the rest holds the "
+                          "transformers model that scores log-probs."},
+    )
+    vllm_max_model_length: int | None = field(
+        default=None,
+        metadata={"help": "vLLM's max_model_len (prompt + completion tokens); None = the model's context length."},
+    )
     cache_dir: str | None = field(
         default=None,
         metadata={"help": "Where shards and the result are stored; None = $TRL_VARIANTS_CACHE or "
@@ -135,7 +154,8 @@ class PresampleConfig:
     show_progress: bool = field(default=True, metadata={"help": "Show a progress bar."})
 
     # fields that do not change the result (excluded from the cache key; the backend that runs is keyed instead)
-    _NOT_IN_KEY = ("backend", "cache_dir", "use_cache", "show_progress")
+    _NOT_IN_KEY = ("backend", "use_vllm", "vllm_tensor_parallel_size", "vllm_gpu_memory_utilization",
+                   "vllm_max_model_length", "cache_dir", "use_cache", "show_progress")
 
     def __post_init__(self):
         if self.num_samples < 0:
@@ -164,6 +184,12 @@ class PresampleConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.backend not in ("hf", "vllm", "auto"):
             raise ValueError(f"backend must be 'hf', 'vllm' or 'auto', got {self.backend!r}")
+        if self.use_vllm:
+            self.backend = "vllm"
+        if self.vllm_tensor_parallel_size < 1:
+            raise ValueError(f"vllm_tensor_parallel_size must be >= 1, got {self.vllm_tensor_parallel_size}")
+        if not 0 < self.vllm_gpu_memory_utilization <= 1:
+            raise ValueError(f"vllm_gpu_memory_utilization must be in (0, 1], got {self.vllm_gpu_memory_utilization}")
 
     def key_options(self) -> dict:
         return {k: v for k, v in asdict(self).items() if k not in self._NOT_IN_KEY}

@@ -6,15 +6,19 @@ import json
 import math
 import warnings
 
+from .cache import model_signature, signature_dtype
 from .config import METADATA_COLUMN, METADATA_KEY, PresampleConfig
 
 
-def with_metadata(dataset, config: PresampleConfig, key: str, reward_funcs: list[str] = ()):
-    """Record the options and the reward functions' names (the column order of ``ref_rewards_per_func``) where
+def with_metadata(dataset, config: PresampleConfig, key: str, reward_funcs: list[str] = (), model=None):
+    """Record the options, the reward functions' names (the column order of ``ref_rewards_per_func``) and which
+    weights made the dataset (``model``: :func:`~trl_variants.presample.cache.model_signature`) where
     :func:`presample_metadata` reads them back: in the dataset's info (with the cache key), and in the column
     ``ref_presample_info`` (one JSON string per row), which survives a Hub round trip or a Parquet export (the
     info's description does not)."""
     record = {"options": config.key_options(), "reward_funcs": list(reward_funcs)}
+    if model is not None:
+        record["model"] = model_signature(model)
     if METADATA_COLUMN in dataset.column_names:
         dataset = dataset.remove_columns(METADATA_COLUMN)
     dataset = dataset.add_column(METADATA_COLUMN, [json.dumps(record, sort_keys=True)] * len(dataset))
@@ -45,14 +49,45 @@ def check_presample_options(dataset, **expected) -> None:
     options = presample_options(dataset)
     if options is None:
         warnings.warn("the dataset has reference columns but no record of how they were made (no "
-                      f"'{METADATA_COLUMN}' column): their options ({', '.join(expected)}) cannot be checked against "
-                      "the trainer's. Make it with `trl-variants presample` to have them checked", stacklevel=3)
+                      f"'{METADATA_COLUMN}' column): their options ({', '.join(expected)}) and the model that made "
+                      "them cannot be checked against the trainer's. Make it with `trl-variants presample` to have "
+                      "them checked", stacklevel=3)
         return
     for name, want in expected.items():
         have = options.get(name, "<not recorded>")
         if have != want:
             raise ValueError(f"the presampled dataset was made with {name}={have!r} but the trainer is configured "
                              f"with {want!r}: set the trainer's value to {have!r} or presample again with {want!r}")
+
+
+def check_presample_model(dataset, model, who: str, gather=None) -> None:
+    """Refuse a presampled dataset made by other weights than ``model``'s (its reference columns would be another
+    model's), naming both models and the fix. Compared with :func:`~trl_variants.presample.cache.model_signature`
+    in the coarser of the two dtypes, so the same weights loaded in bfloat16 for one and float32 for the other match;
+    under PEFT the base model's weights are compared. A dataset without the record is not refused: nothing recorded
+    at all was warned about by :func:`check_presample_options`; a record without the model (an older trl-variants, a
+    quantized model on either side) is warned about here."""
+    metadata = presample_metadata(dataset)
+    if metadata is None:
+        return
+    record = metadata.get("model") or {}
+    mine = model_signature(model, dtypes=())  # the weights' dtype only
+    if not record.get("hashes") or mine["dtype"] is None:
+        why = "it does not record which model made it" if not record.get("hashes") else "this model is quantized"
+        warnings.warn(f"{who}: the presampled dataset cannot be checked against the model being trained ({why}): "
+                      "make sure it was presampled with the same model", stacklevel=3)
+        return
+    dtype = signature_dtype(record["dtype"], mine["dtype"])
+    if model_signature(model, dtypes=(dtype,), gather=gather)["hashes"][dtype] == record["hashes"].get(dtype):
+        return
+    same_name = " (same name, other weights: e.g. a checkpoint saved over it, or weights edited in memory)" \
+        if record["name"] == mine["name"] else ""
+    raise ValueError(
+        f"{who}: the presampled dataset was made by another model: {record['name']!r} ({record['dtype']}) made it, "
+        f"this trainer trains {mine['name']!r} ({mine['dtype']}), and their weights differ{same_name}. Its reference "
+        "columns would be that other model's. Presample again with this model (`trl-variants presample "
+        f"--model_name_or_path {mine['name']} ...`, or pass the prompts without the presample columns and the trainer "
+        f"runs the pass itself), or train the model that made it (model={record['name']!r})")
 
 
 def summarize(dataset) -> dict[str, float]:

@@ -13,6 +13,8 @@ from importlib import metadata
 
 import torch
 
+from .._validation import CheckedReward, reward_values
+
 _TRL_REWARD_KWARGS = {"prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric",
                       "environments", "kwargs"}
 
@@ -39,15 +41,39 @@ def check_reward_columns(reward_funcs: Sequence[Callable], column_names: Sequenc
                 )
 
 
-def _as_float(value, func, index) -> float:
-    if value is None:
-        return math.nan
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        raise TypeError(
-            f"reward function {reward_name(func)!r} returned {value!r} ({type(value).__name__}) for completion "
-            f"{index}: a reward must be a number or None (None: no reward for this completion)") from None
+class RewardModelReward:
+    """A sequence-classification reward model (and its tokenizer) as a TRL-signature reward function, for the offline
+    pass and ``trl-variants presample`` / ``evaluate``. It scores as ``GRPOTrainer._calculate_rewards`` scores a
+    reward model: prompt + completion (a conversation rendered with the reward tokenizer's chat template and
+    ``chat_template_kwargs``), right padding, no special tokens added, the first logit. Named as TRL names a reward
+    model (the last part of its model id). Its weights are not fingerprinted: the pass re-scores cached samples."""
+
+    def __init__(self, model: torch.nn.Module, tokenizer, chat_template_kwargs: dict | None = None):
+        from trl.trainer.utils import get_config_model_id
+
+        self.model, self.tokenizer, self.chat_template_kwargs = model, tokenizer, dict(chat_template_kwargs or {})
+        self.__name__ = get_config_model_id(model.config).split("/")[-1]
+
+    def __call__(self, prompts, completions, **kwargs) -> list[float]:
+        from trl.data_utils import apply_chat_template, is_conversational
+
+        if is_conversational({"prompt": prompts[0]}):
+            texts = [apply_chat_template({"messages": p + c}, self.tokenizer, **self.chat_template_kwargs)["text"]
+                     for p, c in zip(prompts, completions, strict=True)]
+        else:
+            texts = [p + c for p, c in zip(prompts, completions, strict=True)]
+        inputs = self.tokenizer(text=texts, return_tensors="pt", padding=True, padding_side="right",
+                                add_special_tokens=False)
+        device = next(self.model.parameters()).device
+        with torch.inference_mode():
+            return self.model(**inputs.to(device)).logits[:, 0].float().tolist()
+
+
+def offline_reward_funcs(reward_funcs, processing_classes, chat_template_kwargs: dict | None = None) -> list:
+    """``reward_funcs`` with every reward model (an ``nn.Module``, as GRPOTrainer holds it) wrapped in
+    :class:`RewardModelReward` with its processing class, so the offline pass can call all of them alike."""
+    return [RewardModelReward(f, p, chat_template_kwargs) if isinstance(f, torch.nn.Module) else f
+            for f, p in zip(reward_funcs, processing_classes, strict=True)]
 
 
 def score_completions(reward_funcs, reward_weights, prompts, completions, completion_ids, columns):
@@ -61,11 +87,8 @@ def score_completions(reward_funcs, reward_weights, prompts, completions, comple
     for j, func in enumerate(reward_funcs):
         values = func(prompts=prompts, completions=completions, completion_ids=completion_ids, trainer_state=None,
                       log_extra=lambda *a, **k: None, log_metric=lambda *a, **k: None, **columns)
-        if len(values) != len(completions):
-            raise ValueError(f"reward function {reward_name(func)!r} returned {len(values)} values for "
-                             f"{len(completions)} completions")
-        for i, v in enumerate(values):
-            per_func[i][j] = _as_float(v, func, i)
+        for i, v in enumerate(reward_values(values, func, len(completions))):  # the trainers' check (NaN: None)
+            per_func[i][j] = v
     total = []
     for row in per_func:
         given = [w * v for w, v in zip(reward_weights, row, strict=True) if not math.isnan(v)]
@@ -110,6 +133,8 @@ def reward_fingerprint(func) -> str | None:
     (its helpers and constants included), its qualified name, its plain-data state, and the versions of Python and
     of the scoring packages. ``None`` when it cannot be fingerprinted (a lambda or closure, a model, state that is
     not plain data): the pass then re-scores the cached completions on every call instead of trusting them."""
+    if isinstance(func, CheckedReward):  # a trainer's checked wrapper: the function it calls decides the values
+        return reward_fingerprint(func.__wrapped__)
     if isinstance(func, torch.nn.Module):
         return None
     if isinstance(func, functools.partial):

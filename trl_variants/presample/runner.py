@@ -6,7 +6,6 @@ import logging
 import math
 import os
 import shutil
-import time
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -15,50 +14,68 @@ import torch
 
 from .._validation import check_train_dataset, ensure_pad_token
 from ..generation import generate_completions, tokenize_prompts
+from . import vllm_backend
 from .cache import atomic_write_json, cache_key, default_cache_dir, read_shard
 from .config import COLUMNS, REF_PROMPT_LOGP, PresampleConfig
 from .logprobs import check_prompt_lengths, completion_token_logps, prompt_logps_from_ids
 from .metadata import summarize, with_metadata
 from .reward_calls import check_reward_columns, reward_fingerprint, reward_name, score_completions
+from .vllm_backend import (
+    ServerGenerator,
+    VLLMGenerator,
+    check_vllm_options,
+    offline_generator,
+    timed,
+    vllm_version,
+)
 
 logger = logging.getLogger(__name__)
 
 
-def _generate_vllm(llm, prompt_ids, config: PresampleConfig, shard_seed: int, eos_ids):  # pragma: no cover - GPU
-    from vllm import SamplingParams
+class HFGenerator:
+    """transformers ``generate`` (the default generator): a shard is sampled after ``torch.manual_seed(shard_seed)``
+    in batches of ``generation_batch_size`` sequences, so its samples are a function of (seed, shard, layout)."""
 
-    from ..generation import truncate_after_eos
+    name = "hf"
 
-    temperature = 0.0 if config.greedy else config.temperature  # vLLM decodes greedily at temperature 0
-    params = SamplingParams(n=config.num_samples, temperature=temperature, top_p=config.top_p,
-                            top_k=config.top_k if config.top_k > 0 else -1, max_tokens=config.max_completion_length,
-                            seed=shard_seed)
-    outs = llm.generate([{"prompt_token_ids": list(p)} for p in prompt_ids], params, use_tqdm=False)
-    return [[truncate_after_eos(list(o.token_ids), eos_ids) for o in out.outputs] for out in outs]
+    def __init__(self, model, tokenizer):
+        self.model, self.tokenizer = model, tokenizer
+
+    def prepare(self):
+        pass
+
+    def finish(self):
+        pass
+
+    def generate(self, prompt_ids, rows, config: PresampleConfig, shard_seed: int):
+        torch.manual_seed(shard_seed)
+        return generate_completions(
+            self.model, self.tokenizer, prompt_ids, config.num_samples, max_new_tokens=config.max_completion_length,
+            temperature=config.temperature, top_p=config.top_p, top_k=config.top_k, min_p=config.min_p,
+            repetition_penalty=config.repetition_penalty, generation_kwargs=config.generation_kwargs,
+            batch_size=config.generation_batch_size, do_sample=not config.greedy,
+        )
 
 
-def _resolve_backend(config: PresampleConfig) -> str:
+def _resolve_backend(config: PresampleConfig, model) -> str:
+    """``"hf"`` or ``"vllm"`` for a pass without a trainer's generator (decided before the model loads)."""
     if config.backend == "hf":
         return "hf"
-    from transformers.utils import is_torch_cuda_available
-
-    try:
-        import vllm  # noqa: F401
-
-        have_vllm = True
-    except ImportError:
-        have_vllm = False
-    if config.backend == "vllm" and not (have_vllm and is_torch_cuda_available()):
-        raise RuntimeError("backend='vllm' needs the vllm package and a CUDA GPU: pip install 'trl-variants[vllm]', "
-                           "or use backend='hf'")
-    return "vllm" if have_vllm and is_torch_cuda_available() else "hf"
+    by_path = isinstance(model, str | os.PathLike)
+    if config.backend == "vllm":
+        vllm_backend.check_vllm_setup(config)
+        if not by_path:
+            raise ValueError("backend='vllm' needs the model as a path or Hub id: vLLM loads its own copy of the "
+                             "weights, which could differ from the model object passed (and from the cache key). "
+                             "Pass model=<path>, or use backend='hf'; a trainer with use_vllm=True uses its own "
+                             "engine")
+    return "vllm" if by_path and vllm_backend.vllm_usable() else "hf"
 
 
-def _process_shard(rows, prompt_ids, shard_index, model, tokenizer, config, vllm_llm, token_logps_fn=None):
+def _process_shard(rows, prompt_ids, row_indices, shard_index, model, tokenizer, config, generator,
+                   token_logps_fn=None):
     """Sample and score (log-probs) one shard of dataset rows (a list of dicts); rewards come after
-    (:func:`_add_rewards`)."""
-    from ..generation import eos_token_ids
-
+    (:func:`_add_rewards`). Returns the rows, the seconds spent generating and the tokens generated."""
     out = [{"ref_prompt_ids": ids} for ids in prompt_ids]
     if config.record_prompt_logp:
         logps = prompt_logps_from_ids(model, prompt_ids, tokenizer.pad_token_id, config.temperature,
@@ -66,19 +83,13 @@ def _process_shard(rows, prompt_ids, shard_index, model, tokenizer, config, vllm
         for o, v in zip(out, logps.tolist(), strict=True):
             o[REF_PROMPT_LOGP] = v
     if config.num_samples == 0:
-        return out
+        return out, 0.0, 0
     seed = config.seed * 1_000_003 + shard_index
-    if vllm_llm is not None:
-        samples = _generate_vllm(vllm_llm, prompt_ids, config, seed, eos_token_ids(tokenizer, model))
-    else:
-        torch.manual_seed(seed)
-        samples = generate_completions(
-            model, tokenizer, prompt_ids, config.num_samples, max_new_tokens=config.max_completion_length,
-            temperature=config.temperature, top_p=config.top_p, top_k=config.top_k, min_p=config.min_p,
-            repetition_penalty=config.repetition_penalty, generation_kwargs=config.generation_kwargs,
-            batch_size=config.generation_batch_size, do_sample=not config.greedy,
-        )
+    samples, seconds, tokens = timed(generator.generate, prompt_ids, row_indices, config, seed)
     n = config.num_samples
+    if len(samples) != len(prompt_ids) or any(len(s) != n for s in samples):
+        raise RuntimeError(f"the {generator.name} generator returned {[len(s) for s in samples]} completions for "
+                           f"{len(prompt_ids)} prompts x {n} samples")
     texts = tokenizer.batch_decode([c for per_prompt in samples for c in per_prompt], skip_special_tokens=True)
     for i, o in enumerate(out):
         o["ref_completion_ids"] = samples[i]
@@ -87,7 +98,7 @@ def _process_shard(rows, prompt_ids, shard_index, model, tokenizer, config, vllm
             o["ref_completion_logps"] = completion_token_logps(
                 model, prompt_ids[i], samples[i], config.temperature, config.logprob_batch_size,
                 tokenizer.pad_token_id, token_logps_fn)
-    return out
+    return out, seconds, tokens
 
 
 def _add_rewards(out, rows, config, reward_funcs, reward_weights) -> int:
@@ -112,6 +123,21 @@ def _add_rewards(out, rows, config, reward_funcs, reward_weights) -> int:
     return sum(math.isnan(r) for r in total)
 
 
+def _record_throughput(dataset, backend: str, tokens: int, seconds: float) -> dict:
+    """Add what generated and how fast (this call's generation only: cached shards cost nothing) to the metadata
+    in the dataset's info (``generation``: backend, generated_tokens, generation_seconds, tokens_per_s)."""
+    import json
+
+    from .config import METADATA_KEY
+
+    record = {"backend": backend, "generated_tokens": tokens, "generation_seconds": round(seconds, 3),
+              "tokens_per_s": tokens / seconds if seconds > 0 else None}
+    info = json.loads(dataset.info.description)
+    info[METADATA_KEY]["generation"] = record
+    dataset.info.description = json.dumps(info)
+    return record
+
+
 def presample(
     model,
     tokenizer,
@@ -123,6 +149,7 @@ def presample(
     accelerator=None,
     token_logps_fn=None,
     tokenize_fn=None,
+    generator=None,
 ):
     """Run the offline reference pass and return ``dataset`` with the :data:`COLUMNS` it records.
 
@@ -141,6 +168,10 @@ def presample(
         tokenize_fn: ``prompts -> list of token-id lists`` replacing :func:`~trl_variants.generation.tokenize_prompts`
             (a trainer passes its own prompt tokenization, so the stored ids are exactly the ones it trains on:
             its chat template, ``chat_template_kwargs`` and tools included).
+        generator: what samples the completions (see :mod:`~trl_variants.presample.vllm_backend`); None = from
+            ``config.backend``: :class:`HFGenerator` or an offline vLLM engine. A trainer with ``use_vllm=True``
+            passes its own engine (:func:`~trl_variants.presample.vllm_backend.trainer_generator`). Everything else
+            (prompt ids, shards, cache, resume, rewards, reference log-probs by the transformers model) is the same.
     """
     from accelerate.utils import gather_object
     from tqdm.auto import tqdm
@@ -157,6 +188,11 @@ def presample(
     if len(reward_weights) != len(reward_funcs):
         raise ValueError(f"reward_weights has {len(reward_weights)} entries for {len(reward_funcs)} reward functions")
     check_reward_columns(reward_funcs, dataset.column_names)
+    backend = "hf"
+    if config.num_samples > 0:
+        backend = generator.name if generator is not None else _resolve_backend(config, model)
+        if backend != "hf" or isinstance(generator, VLLMGenerator | ServerGenerator):
+            check_vllm_options(config)  # options vLLM cannot honour, refused before the model loads
     clash = [c for c in COLUMNS if c in dataset.column_names]
     if clash:
         raise ValueError(f"the dataset already has presample columns {clash}: it was presampled already (pass it "
@@ -181,7 +217,8 @@ def presample(
     check_prompt_lengths(all_prompt_ids, minimum=2 if config.record_prompt_logp else 1)
 
     rank, world = (accelerator.process_index, accelerator.num_processes) if accelerator else (0, 1)
-    backend = _resolve_backend(config) if config.num_samples > 0 else "hf"
+    if backend == "vllm":
+        backend = f"vllm=={vllm_version()}"
     key = cache_key(model, tokenizer, dataset, config, reward_funcs, reward_weights, prompt_ids=all_prompt_ids,
                     backend=backend)
     # Rewards of a function that cannot be fingerprinted (a lambda, a closure, a model) are never trusted from disk.
@@ -201,11 +238,6 @@ def presample(
             warnings.warn(f"presample: the cached dataset {final} is damaged ({type(e).__name__}: {e}); recomputing "
                           "it; the cache entry is overwritten", stacklevel=2)
 
-    vllm_llm = None
-    if backend == "vllm":  # pragma: no cover - GPU only
-        from vllm import LLM
-
-        vllm_llm = LLM(model=model.config._name_or_path, seed=config.seed)
     n_shards = math.ceil(len(dataset) / config.shard_size)
     mine = list(range(rank, n_shards, world))  # round robin: every process gets shards from start to end
 
@@ -226,27 +258,42 @@ def presample(
             unrewarded += _add_rewards(out, list(dataset.select(shard_range(s))), config, reward_funcs,
                                        reward_weights)
 
+    if config.num_samples > 0 and generator is None:
+        if backend == "hf":
+            generator = HFGenerator(model, tokenizer)
+        elif todo or world > 1:  # an engine is expensive to start: not for a finished pass (processes start together)
+            generator = offline_generator(model, tokenizer, config, accelerator)
     bar = tqdm(total=sum(len(shard_range(s)) for s in todo), desc="presample", unit="prompt",
                disable=rank != 0 or not config.show_progress)
-    start_t, n_samples = time.perf_counter(), 0
-    for s in todo:
-        rows = list(dataset.select(shard_range(s)))
-        with torch.no_grad():
-            out = _process_shard(rows, [all_prompt_ids[i] for i in shard_range(s)], s, model, tokenizer, config,
-                                 vllm_llm, token_logps_fn)
-        if config.num_samples > 0:
-            unrewarded += _add_rewards(out, rows, config, reward_funcs, reward_weights)
-        if config.use_cache:
-            atomic_write_json(run_dir / f"shard-{s:06d}.json", {"shard": s, "rows": out})
-        results.append((s, out))
-        n_samples += len(out) * max(1, config.num_samples)
-        bar.update(len(out))
-        bar.set_postfix(samples_per_s=f"{n_samples / max(1e-9, time.perf_counter() - start_t):.1f}")
-    bar.close()
+    gen_seconds, gen_tokens = 0.0, 0
+    try:
+        if generator is not None:
+            generator.prepare()  # on every process, before any shard (weight pushes are collectives)
+        for s in todo:
+            rows = list(dataset.select(shard_range(s)))
+            with torch.no_grad():
+                out, seconds, tokens = _process_shard(
+                    rows, [all_prompt_ids[i] for i in shard_range(s)], list(shard_range(s)), s, model, tokenizer,
+                    config, generator, token_logps_fn)
+            gen_seconds, gen_tokens = gen_seconds + seconds, gen_tokens + tokens
+            if config.num_samples > 0:
+                unrewarded += _add_rewards(out, rows, config, reward_funcs, reward_weights)
+            if config.use_cache:
+                atomic_write_json(run_dir / f"shard-{s:06d}.json", {"shard": s, "rows": out})
+            results.append((s, out))
+            bar.update(len(out))
+            if gen_seconds > 0:
+                bar.set_postfix(tokens_per_s=f"{gen_tokens / gen_seconds:.1f}")
+    finally:
+        bar.close()
+        if generator is not None:
+            generator.finish()
 
     if world > 1:
         results = gather_object(results)
         unrewarded = sum(gather_object([unrewarded]))
+        gen_tokens = sum(gather_object([gen_tokens]))
+        gen_seconds = max(gather_object([gen_seconds]))  # the processes generate at the same time
     if unrewarded and rank == 0:
         warnings.warn(f"presample: {unrewarded} completions got no reward (every reward function returned None or "
                       "NaN): they are stored with reward NaN, left out of V_hat and never counted as correct",
@@ -259,7 +306,14 @@ def presample(
     out_ds = dataset
     for col in new_rows[0]:
         out_ds = out_ds.add_column(col, [r[col] for r in new_rows])
-    out_ds = with_metadata(out_ds, config, key, [reward_name(f) for f in reward_funcs])
+    out_ds = with_metadata(out_ds, config, key, [reward_name(f) for f in reward_funcs], model=model)
+    throughput = _record_throughput(out_ds, backend, gen_tokens, gen_seconds)
+    if rank == 0 and throughput["generated_tokens"]:
+        message = (f"presample: {backend} generated {gen_tokens} tokens in {gen_seconds:.1f} s "
+                   f"({throughput['tokens_per_s']:.1f} tokens/s)")
+        logger.info(message)
+        if config.show_progress:
+            print(message)
     summary = summarize(out_ds)
     if rank == 0 and config.show_progress and summary:
         print("presample summary: " + ", ".join(f"{k} {v:.4g}" for k, v in summary.items()))
