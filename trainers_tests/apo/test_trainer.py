@@ -12,12 +12,18 @@ from trl_variants.presample import runner as ps
 from ..helpers import CPU_ARGS, DEFAULT_MODEL_PATH, fixed_batch, small_config, train_dataset
 
 
-def _apo(tmp_path, model=DEFAULT_MODEL_PATH, dataset=None, **kw):
+def _apo(tmp_path, model=DEFAULT_MODEL_PATH, dataset=None, reward=accuracy_reward, **kw):
     kw.setdefault("num_value_samples", 4)
     kw.setdefault("presample_cache_dir", str(tmp_path / "cache"))
     kw.setdefault("num_generations", 1)
-    return APOTrainer(model=model, reward_funcs=accuracy_reward, args=small_config(APOConfig, tmp_path / "apo", **kw),
+    return APOTrainer(model=model, reward_funcs=reward, args=small_config(APOConfig, tmp_path / "apo", **kw),
                       train_dataset=dataset if dataset is not None else train_dataset(16))
+
+
+def wrong_on_level_four(completions, solution, level, **kwargs):
+    """The accuracy reward, except that every level-4 completion is wrong: prompts all of whose samples are wrong,
+    whatever the model samples."""
+    return [r if lv < 4 else 0.0 for r, lv in zip(accuracy_reward(completions, solution), level, strict=True)]
 
 
 def test_num_generations_one_accepted_zero_refused(tmp_path):
@@ -96,9 +102,11 @@ def test_in_memory_model_reference_is_the_given_weights(tmp_path):
 def test_filter_all_incorrect(tmp_path):
     hard = train_dataset(32).filter(lambda lv: lv == 4, input_columns="level")
     with pytest.raises(ValueError, match="dropped all"):
-        _apo(tmp_path, dataset=hard.select(range(2)), filter_all_incorrect=True, per_device_train_batch_size=2)
-    apo = _apo(tmp_path, filter_all_incorrect=True)
+        _apo(tmp_path, dataset=hard.select(range(2)), reward=wrong_on_level_four, filter_all_incorrect=True,
+             per_device_train_batch_size=2)
+    apo = _apo(tmp_path, reward=wrong_on_level_four, filter_all_incorrect=True)
     assert all(any(r > 0 for r in rs) for rs in apo.train_dataset["ref_rewards"])
+    assert 4 not in apo.train_dataset["level"] and len(apo.train_dataset) > 0
 
 
 def test_binary_reward_warning(tmp_path):

@@ -6,11 +6,13 @@ from trl_variants.default.task import generate_problem
 
 
 def _eval_reference(completion: str) -> int:
-    """Re-check every 'a op b = c.' step of the reference completion with Python arithmetic."""
-    steps = re.findall(r"(\d+) ([-+*]) (\d+) = (\d+)\.", completion)
+    """Re-check every 'a + b = c' step of the reference completion with Python arithmetic, and the chaining."""
+    steps = re.findall(r"(\d+) \+ (\d+) = (\d+)", completion)
     assert steps, completion
-    for a, op, b, c in steps:
-        assert eval(f"{a} {op} {b}") == int(c), completion
+    for i, (a, b, c) in enumerate(steps):
+        assert int(a) + int(b) == int(c), completion
+        if i:
+            assert int(a) == int(steps[i - 1][2]), completion  # each step continues from the last total
     return int(re.search(r"\\boxed\{(\d+)\}", completion).group(1))
 
 
@@ -20,13 +22,11 @@ def test_answers_are_correct_for_every_level():
         for _ in range(200):
             p = generate_problem(rng, level)
             assert p.level == level
-            assert _eval_reference(p.completion) == p.answer
-            assert p.answer >= 0
-            nums = [int(n) for n in re.findall(r"\d+", p.question)]
-            if level == 3:  # word problem: has a, gets b, gives away c
-                assert nums[0] + nums[1] - nums[2] == p.answer
-            elif level == 4:
-                assert nums[0] * nums[1] + nums[2] == p.answer
+            digits = [int(n) for n in re.findall(r"\d+", p.question)]
+            assert len(digits) == level + 1 and all(1 <= d <= 9 for d in digits)
+            assert _eval_reference(p.completion) == p.answer == sum(digits)
+            assert p.completion.count(" = ") == level  # one step per addition
+            assert p.direct == f"\\boxed{{{p.answer}}}"
 
 
 def test_generation_is_deterministic_in_seed():

@@ -42,7 +42,7 @@ def problems_to_dataset(problems: list[Problem], with_reference: bool = False) -
 
 def load_default_dataset(
     n_train: int = 2000,
-    n_test: int = 200,
+    n_test: int = 500,
     seed: int = 0,
     levels: tuple[int, ...] = LEVELS,
     weights: tuple[float, ...] | None = None,

@@ -1,16 +1,22 @@
-"""Synthetic arithmetic word problems: the embedded default task.
+"""Synthetic multi-step addition: the embedded default task.
 
-Four difficulty levels, each problem a conversational ``prompt`` with a gold ``solution`` (the final number as a
-string) and the reference ``completion`` used to pre-train the tiny default model:
+A problem adds ``level + 1`` single digits (1-9). Each problem is a conversational ``prompt`` with a gold
+``solution`` (the sum as a string) and two reference answers the tiny default model was pre-trained on:
 
-=====  ===========================================================  =============================================
-level  prompt                                                       completion
-=====  ===========================================================  =============================================
-1      ``What is 4 + 7?`` (single digits)                           ``4 + 7 = 11. \\boxed{11}``
-2      ``What is 83 - 16?`` (two-digit add / subtract)               ``83 - 16 = 67. \\boxed{67}``
-3      ``Tom has 51 pens, gets 22, gives away 21. How many now?``   ``51 + 22 = 73. 73 - 21 = 52. \\boxed{52}``
-4      ``What is 3 * 47 + 37?``                                      ``3 * 47 = 141. 141 + 37 = 178. \\boxed{178}``
-=====  ===========================================================  =============================================
+=====  ==========================  ===================================================  =====================
+level  prompt                      ``completion`` (step by step)                        ``direct`` (a guess)
+=====  ==========================  ===================================================  =====================
+1      ``What is 4 + 7?``          ``4 + 7 = 11. \\boxed{11}``                           ``\\boxed{11}``
+2      ``What is 4 + 7 + 5?``      ``4 + 7 = 11, 11 + 5 = 16. \\boxed{16}``              ``\\boxed{16}``
+3      ``What is 4 + 7 + 5 + 2?``  ``4 + 7 = 11, 11 + 5 = 16, 16 + 2 = 18. \\boxed{18}``  ``\\boxed{18}``
+4      five digits                 four steps                                           ``\\boxed{..}``
+=====  ==========================  ===================================================  =====================
+
+Why this task: each step (a number up to 36 plus a digit) is easy for a 1M-parameter model, so answering step by
+step is reliable at every level, while answering directly means adding up to five digits in one forward pass, which
+the model does well only for two. The pre-training data mixes both styles (``scripts/build_tiny_default.py``), so
+the base model often guesses where it should reason: at temperature 1 most prompts are solved sometimes but not
+always, and RL has something to learn (prefer the steps where they pay off), visible in greedy accuracy too.
 
 Everything is a pure function of the seed (``random.Random``), so datasets are reproducible across machines.
 """
@@ -21,55 +27,35 @@ import random
 from dataclasses import dataclass
 
 LEVELS = (1, 2, 3, 4)
-_NAMES = ("Tom", "Ana", "Li", "Sam", "Mia", "Raj", "Eva", "Kim")
-_ITEMS = ("pens", "apples", "cards", "coins", "books", "shells", "stamps", "eggs")
 
 
 @dataclass(frozen=True)
 class Problem:
     level: int
     question: str
-    completion: str  # reference reasoning line ending in \boxed{answer}
+    completion: str  # the step-by-step reference answer, ending in \boxed{answer}
     answer: int
 
-
-def _level1(rng: random.Random) -> Problem:
-    a, b = rng.randint(0, 9), rng.randint(0, 9)
-    return Problem(1, f"What is {a} + {b}?", f"{a} + {b} = {a + b}. \\boxed{{{a + b}}}", a + b)
-
-
-def _level2(rng: random.Random) -> Problem:
-    a, b = rng.randint(10, 99), rng.randint(10, 99)
-    if rng.random() < 0.5:
-        return Problem(2, f"What is {a} + {b}?", f"{a} + {b} = {a + b}. \\boxed{{{a + b}}}", a + b)
-    a, b = max(a, b), min(a, b)
-    return Problem(2, f"What is {a} - {b}?", f"{a} - {b} = {a - b}. \\boxed{{{a - b}}}", a - b)
+    @property
+    def direct(self) -> str:
+        """The reference answer without steps."""
+        return f"\\boxed{{{self.answer}}}"
 
 
-def _level3(rng: random.Random) -> Problem:
-    name, item = rng.choice(_NAMES), rng.choice(_ITEMS)
-    a, b = rng.randint(10, 60), rng.randint(10, 39)
-    c = rng.randint(1, a + b)
-    q = f"{name} has {a} {item}, gets {b}, gives away {c}. How many now?"
-    s = a + b
-    return Problem(3, q, f"{a} + {b} = {s}. {s} - {c} = {s - c}. \\boxed{{{s - c}}}", s - c)
-
-
-def _level4(rng: random.Random) -> Problem:
-    a, b, c = rng.randint(2, 9), rng.randint(10, 99), rng.randint(10, 99)
-    p = a * b
-    q = f"What is {a} * {b} + {c}?"
-    return Problem(4, q, f"{a} * {b} = {p}. {p} + {c} = {p + c}. \\boxed{{{p + c}}}", p + c)
-
-
-_GENERATORS = {1: _level1, 2: _level2, 3: _level3, 4: _level4}
+def _chain(digits: list[int]) -> Problem:
+    steps, total = [], digits[0]
+    for d in digits[1:]:
+        steps.append(f"{total} + {d} = {total + d}")
+        total += d
+    question = "What is " + " + ".join(map(str, digits)) + "?"
+    return Problem(len(digits) - 1, question, ", ".join(steps) + f". \\boxed{{{total}}}", total)
 
 
 def generate_problem(rng: random.Random, level: int) -> Problem:
-    """One problem of the given difficulty level, drawn from ``rng``."""
-    if level not in _GENERATORS:
+    """One problem of the given difficulty level (``level + 1`` digits to add), drawn from ``rng``."""
+    if level not in LEVELS:
         raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
-    return _GENERATORS[level](rng)
+    return _chain([rng.randint(1, 9) for _ in range(level + 1)])
 
 
 def generate_problems(
