@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,7 +36,9 @@ class TrainScriptArguments(ScriptArguments, DatasetMixtureConfig):
     dataset directory, e.g. the output of ``trl-variants presample``), or ``"embedded"`` for the shipped synthetic
     task. ``datasets`` (a YAML list of ``DatasetConfig``, or ``--datasets path ...``) loads a mixture with TRL's
     ``get_dataset`` instead. The data needs a ``prompt`` column and the gold column the reward functions read
-    (``solution``).
+    (``solution``). The prompt can be re-templated (``prompt_format``, ``prompt_regex``, ``prompt_suffix``,
+    ``system_prompt``) and filtered by length (``filter_prompt_length``) to match a paper's recipe
+    (docs/recipes.md).
     """
 
     dataset_name: str | None = field(default=EMBEDDED, metadata={"help": "Hub id, local path or 'embedded'."})
@@ -55,10 +58,39 @@ class TrainScriptArguments(ScriptArguments, DatasetMixtureConfig):
     )
     prompt_column: str = field(
         default="prompt",
-        metadata={"help": "Column with the prompt. Any other column is turned into a conversational 'prompt' "
-                          "(one user message: the text plus prompt_suffix)."},
+        metadata={"help": "Column with the prompt. A string column other than 'prompt' is turned into a "
+                          "conversational 'prompt' (one user message: the text plus prompt_suffix); see "
+                          "--prompt_format for a string column named 'prompt' and for plain text."},
     )
-    prompt_suffix: str = field(default="", metadata={"help": "Appended to the prompt text (with prompt_column)."})
+    prompt_suffix: str = field(default="", metadata={"help": "Appended to the prompt text (string columns)."})
+    prompt_format: str = field(
+        default="auto",
+        metadata={"help": "How a string prompt column reaches the model. 'chat': one user message (under the model's "
+                          "chat template); 'plain': the text itself (TRL applies no chat template to string "
+                          "prompts); 'auto': 'chat', except a column named 'prompt' with no --prompt_suffix, "
+                          "--prompt_regex or --system_prompt, which is passed on unchanged (plain). A "
+                          "conversational column is always passed on (with --system_prompt prepended).",
+                  "choices": ["auto", "chat", "plain"]},
+    )
+    prompt_regex: str | None = field(
+        default=None,
+        metadata={"help": "Regular expression with one capture group applied to a string prompt column (full match, "
+                          "DOTALL): the group is the prompt text, e.g. the problem inside a dataset's own "
+                          "instruction wrapper. A row that does not match is an error."},
+    )
+    system_prompt: str | None = field(
+        default=None,
+        metadata={"help": "System message prepended to every conversational prompt (e.g. DPH-RL's 'Please reason "
+                          "step by step, and put your final answer within \\boxed{}.'). Not with "
+                          "--prompt_format plain."},
+    )
+    filter_prompt_length: int | None = field(
+        default=None,
+        metadata={"help": "Drop training (and eval) prompts longer than this many tokens of the model's tokenizer, "
+                          "counted as the trainer tokenizes them (chat template applied to conversational prompts); "
+                          "prints how many were dropped. Default: keep all (TRL 1.16's GRPOConfig has no "
+                          "max_prompt_length; the offline passes' max_prompt_length truncates, it does not drop)."},
+    )
     solution_column: str = field(default="solution", metadata={"help": "Gold-answer column (renamed 'solution')."})
     filter_column: str | None = field(default=None, metadata={"help": "Keep only rows whose column value ..."})
     filter_values: list[str] | None = field(default=None, metadata={"help": "... is one of these (as strings)."})
@@ -77,6 +109,22 @@ class TrainScriptArguments(ScriptArguments, DatasetMixtureConfig):
         super().__post_init__()  # DatasetMixtureConfig: YAML dicts -> DatasetConfig
         if self.reward_funcs is None:  # TRL's grpo.py has no default; ours keeps the math reward unless a model scores
             self.reward_funcs = [] if self.reward_model_name_or_path else ["accuracy_reward"]
+        if self.prompt_format not in ("auto", "chat", "plain"):
+            raise ValueError(f"--prompt_format must be 'auto', 'chat' or 'plain', got {self.prompt_format!r}")
+        if self.prompt_format == "plain" and self.system_prompt:
+            raise ValueError("--system_prompt needs a conversational prompt, but --prompt_format is 'plain' (no chat "
+                             "template, so no system role): drop one of them, or put the text in --prompt_suffix")
+        if self.prompt_regex is not None:
+            try:
+                groups = re.compile(self.prompt_regex).groups
+            except re.error as e:
+                raise ValueError(f"--prompt_regex {self.prompt_regex!r} is not a valid regular expression: {e}") from e
+            if groups != 1:
+                raise ValueError(f"--prompt_regex must have exactly one capture group (the prompt text), "
+                                 f"{self.prompt_regex!r} has {groups}")
+        if self.filter_prompt_length is not None and self.filter_prompt_length < 1:
+            raise ValueError(f"--filter_prompt_length must be >= 1 (or unset to keep every prompt), got "
+                             f"{self.filter_prompt_length}")
 
 
 def parse_args(config_cls, default_config: str | Path | None = None, argv: list[str] | None = None):
@@ -151,9 +199,13 @@ def uses_embedded(script_args: TrainScriptArguments) -> bool:
     return (script_args.dataset_name or EMBEDDED) == EMBEDDED and not getattr(script_args, "datasets", None)
 
 
-def load_datasets(script_args: TrainScriptArguments, training_args=None):
-    """``(train_dataset, eval_dataset or None)`` per the script arguments."""
+def load_datasets(script_args: TrainScriptArguments, training_args=None, tokenizer=None):
+    """``(train_dataset, eval_dataset or None)`` per the script arguments. ``tokenizer``: the model's, needed by
+    ``--filter_prompt_length``."""
     check_dataset_flags(script_args)
+    if script_args.filter_prompt_length is not None and tokenizer is None:
+        raise ValueError("--filter_prompt_length counts tokens of the model's tokenizer, which this command does not "
+                         "load: filter when training (the examples apply it) or drop the flag")
     name = script_args.dataset_name or EMBEDDED
     if script_args.datasets:
         from trl import get_dataset
@@ -185,7 +237,13 @@ def load_datasets(script_args: TrainScriptArguments, training_args=None):
     train = _prepare_columns(train, script_args, name)
     test = None if test is None else _prepare_columns(test, script_args, name)
     wants_eval = training_args is not None and getattr(training_args, "eval_strategy", "no") != "no"
-    return train, (test if wants_eval else None)
+    test = test if wants_eval else None
+    if script_args.filter_prompt_length is not None:
+        kwargs = getattr(training_args, "chat_template_kwargs", None)
+        train = filter_prompt_length(train, tokenizer, script_args.filter_prompt_length, kwargs)
+        if test is not None:
+            test = filter_prompt_length(test, tokenizer, script_args.filter_prompt_length, kwargs, "eval")
+    return train, test
 
 
 def check_dataset_flags(script_args: TrainScriptArguments) -> None:
@@ -216,10 +274,7 @@ def _prepare_columns(ds, script_args: TrainScriptArguments, name: str):
         ds = ds.filter(lambda v: str(v) in keep, input_columns=script_args.filter_column)
         if len(ds) == 0:
             raise ValueError(f"--filter_column {script_args.filter_column} --filter_values {sorted(keep)} left no rows")
-    if script_args.prompt_column != "prompt":
-        suffix = script_args.prompt_suffix
-        ds = ds.map(lambda t: {"prompt": [{"role": "user", "content": t + suffix}]},
-                    input_columns=script_args.prompt_column)
+    ds = _template_prompts(ds, script_args, name)
     if script_args.solution_column != "solution" and script_args.solution_column in ds.column_names:
         if "solution" in ds.column_names:
             ds = ds.remove_columns("solution")
@@ -228,6 +283,69 @@ def _prepare_columns(ds, script_args: TrainScriptArguments, name: str):
         check_no_none(ds, "solution", f"dataset {name!r} has no gold answer there; drop those rows (e.g. filter on "
                       "--filter_column) or point --solution_column at the gold-answer column")
     return ds
+
+
+def _template_prompts(ds, script_args: TrainScriptArguments, name: str):
+    """The ``prompt`` column per ``--prompt_format`` / ``--prompt_regex`` / ``--prompt_suffix`` / ``--system_prompt``:
+    a string column becomes one user message (``chat``, after an optional system message) or stays a string
+    (``plain``: GRPOTrainer then tokenizes it without the chat template); a conversational column is kept, with the
+    system message prepended."""
+    column, a = script_args.prompt_column, script_args
+    if not len(ds):
+        return ds
+    if not isinstance(ds[0][column], str):  # conversational: a list of messages
+        if a.prompt_format == "plain" or a.prompt_regex or a.prompt_suffix:
+            raise ValueError(f"dataset {name!r}: column {column!r} is already conversational (a list of messages); "
+                             "--prompt_format plain, --prompt_regex and --prompt_suffix apply to a string column: "
+                             "drop them or point --prompt_column at the text column")
+        if a.system_prompt:
+            system = {"role": "system", "content": a.system_prompt}
+            ds = ds.map(lambda m: {"prompt": m if m and m[0]["role"] == "system" else [system, *m]},
+                        input_columns=column)
+        elif column != "prompt":
+            ds = ds.map(lambda m: {"prompt": m}, input_columns=column)
+        return ds
+    fmt = a.prompt_format
+    if fmt == "auto":
+        untouched = column == "prompt" and not (a.prompt_suffix or a.prompt_regex or a.system_prompt)
+        fmt = "plain" if untouched else "chat"
+    pattern = re.compile(a.prompt_regex, re.DOTALL) if a.prompt_regex else None
+
+    def text(t: str) -> str:
+        if pattern is not None:
+            t = pattern.fullmatch(t).group(1)
+        return t + a.prompt_suffix
+
+    if pattern is not None:
+        unmatched = [i for i, t in enumerate(ds[column]) if pattern.fullmatch(t) is None]
+        if unmatched:
+            raise ValueError(f"dataset {name!r}: --prompt_regex does not match {len(unmatched)} of {len(ds)} rows of "
+                             f"{column!r} (first: row {unmatched[0]}, {ds[unmatched[0]][column][:120]!r}); fix the "
+                             "pattern or filter those rows out")
+    if fmt == "plain":
+        if column == "prompt" and pattern is None and not a.prompt_suffix:
+            return ds
+        return ds.map(lambda t: {"prompt": text(t)}, input_columns=column)
+    system = [{"role": "system", "content": a.system_prompt}] if a.system_prompt else []
+    return ds.map(lambda t: {"prompt": [*system, {"role": "user", "content": text(t)}]}, input_columns=column)
+
+
+def prompt_lengths(ds, tokenizer, chat_template_kwargs: dict | None = None) -> list[int]:
+    """Tokens of each ``prompt`` as GRPOTrainer tokenizes it (the chat template with the generation prompt for a
+    conversational prompt, the tokenizer on the text otherwise)."""
+    from .generation import tokenize_prompts
+
+    return [len(ids) for ids in tokenize_prompts(tokenizer, ds["prompt"], None, chat_template_kwargs)]
+
+
+def filter_prompt_length(ds, tokenizer, max_length: int, chat_template_kwargs: dict | None = None, what: str = "train"):
+    """``ds`` without the prompts longer than ``max_length`` tokens (:func:`prompt_lengths`); prints the count."""
+    keep = [i for i, n in enumerate(prompt_lengths(ds, tokenizer, chat_template_kwargs)) if n <= max_length]
+    print(f"--filter_prompt_length {max_length}: dropped {len(ds) - len(keep)} of {len(ds)} {what} prompts longer "
+          f"than {max_length} tokens, {len(keep)} left")
+    if not keep:
+        raise ValueError(f"--filter_prompt_length {max_length} left no {what} prompts: raise it")
+    return ds.select(keep) if len(keep) < len(ds) else ds
 
 
 def model_name_or_path(model_args: ModelConfig) -> str:
@@ -307,7 +425,13 @@ def trainer_kwargs(script_args: TrainScriptArguments, training_args, model_args:
         reward_funcs.append(script_args.reward_model_name_or_path)
     reward_funcs += get_reward_funcs(script_args.reward_funcs, allow_empty=bool(reward_funcs))
     training_args.model_init_kwargs = model_init_kwargs(model_args, training_args)
-    train_dataset, eval_dataset = load_datasets(script_args, training_args)
+    tokenizer = None
+    if script_args.filter_prompt_length is not None:  # the tokenizer GRPOTrainer will load for the model
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(model_name_or_path(model_args), revision=model_args.model_revision,
+                                                  trust_remote_code=training_args.trust_remote_code)
+    train_dataset, eval_dataset = load_datasets(script_args, training_args, tokenizer)
     return dict(model=model_name_or_path(model_args), reward_funcs=reward_funcs, args=training_args,
                 train_dataset=train_dataset, eval_dataset=eval_dataset, quantization_config=quantization,
                 peft_config=get_peft_config(model_args))

@@ -41,6 +41,11 @@ class DPHConfig(GRPOConfig):
         pef_keep (`str`, defaults to `"all"`): keep ``"all"`` correct reference completions or ``"one"``.
         pef_refine (`bool`, defaults to `False`): draw one more sample per D_pef prompt; keep it in D_pef only if
             correct (Sec. 4.1).
+        drop_unsolved (`bool`, defaults to `False`): drop the prompts none of the k reference samples solves before
+            training (the paper's math runs filter Pass@8 = 0 out of DAPO-17K, App. G.1). Off by default: a TRL
+            trainer trains on the ``train_dataset`` it is given, and dropping rows is the caller's choice (the paper
+            recipe turns it on; the split's ``num_unsolved_dropped`` is logged). Such prompts otherwise sit in
+            D_exp, where a group with all rewards 0 has zero advantage.
         pef_batch_size (`int`, *optional*): D_pef rows per micro-step per process; default
             ``max(1, per_device_train_batch_size // 8)``.
         require_pef (`bool`, defaults to `False`): raise when the split leaves D_pef empty; otherwise the trainer
@@ -69,6 +74,9 @@ class DPHConfig(GRPOConfig):
     pef_keep: str = field(default="all", metadata={"help": "'all' or 'one' correct completion per D_pef prompt.",
                                                    "choices": ["all", "one"]})
     pef_refine: bool = field(default=False, metadata={"help": "Refinement draw for D_pef prompts (Sec. 4.1)."})
+    drop_unsolved: bool = field(
+        default=False, metadata={"help": "Drop prompts with 0 of k correct reference samples (App. G.1's Pass@8 = 0 "
+                                         "filter) instead of keeping them in D_exp."})
     pef_batch_size: int | None = field(default=None, metadata={"help": "D_pef rows per micro-step per process."})
     require_pef: bool = field(default=False, metadata={"help": "Error instead of GRPO fallback if D_pef is empty."})
     presample_cache_dir: str | None = field(default=None, metadata={"help": "Cache directory of the offline pass."})

@@ -19,7 +19,8 @@ class DPHSplit:
 
 
 def dph_split(dataset, threshold: int, keep: str = "all", refine_rewards: Sequence[float] | None = None, *,
-              reward_index: int | None = None, correct_threshold: float = 1.0) -> DPHSplit:
+              reward_index: int | None = None, correct_threshold: float = 1.0,
+              drop_unsolved: bool = False) -> DPHSplit:
     """DPH-RL Sec. 4.1: prompts with at least ``threshold`` correct samples (of k) form D_pef, the rest D_exp.
 
     Args:
@@ -32,9 +33,12 @@ def dph_split(dataset, threshold: int, keep: str = "all", refine_rewards: Sequen
             the weighted sum ``ref_rewards``.
         correct_threshold: a sample is correct when that reward is at least this (paper: accuracy reward = 1). NaN
             (no reward) is never correct.
+        drop_unsolved: drop the prompts with no correct sample of k from both sets (App. G.1: "filtered out
+            problems that initially had a Pass@8 score of 0").
     Returns:
         :class:`DPHSplit` with ``pef`` rows (``prompt_ids``, ``completion_ids``, ``completion_logps``, ``prompt_index``)
-        and ``exp`` = the D_exp rows of ``dataset`` without the presample columns.
+        and ``exp`` = the D_exp rows of ``dataset`` without the presample columns; ``stats`` counts both and the
+        prompts dropped as unsolved (``num_unsolved_dropped``).
     """
     from datasets import Dataset
 
@@ -56,11 +60,14 @@ def dph_split(dataset, threshold: int, keep: str = "all", refine_rewards: Sequen
     else:
         decisive = [[per_func[reward_index] for per_func in row] for row in dataset["ref_rewards_per_func"]]
     pef_rows = {"prompt_index": [], "prompt_ids": [], "completion_ids": [], "completion_logps": []}
-    exp_index, moved = [], 0
+    exp_index, moved, dropped = [], 0, 0
     for i, (rewards, comps, logps, p_ids) in enumerate(zip(
             decisive, dataset["ref_completion_ids"], dataset["ref_completion_logps"], dataset["ref_prompt_ids"],
             strict=True)):
         correct = [j for j, r in enumerate(rewards) if r >= correct_threshold]  # False for NaN
+        if drop_unsolved and not correct:
+            dropped += 1
+            continue
         near_perfect = len(correct) >= threshold
         if near_perfect and refine_rewards is not None and not refine_rewards[i] >= correct_threshold:
             near_perfect, moved = False, moved + 1
@@ -74,7 +81,8 @@ def dph_split(dataset, threshold: int, keep: str = "all", refine_rewards: Sequen
             pef_rows["completion_logps"].append(logps[j])
     extra = [c for c in COLUMNS if c in dataset.column_names]
     exp = dataset.select(exp_index).remove_columns(extra)
-    stats = {"num_prompts": len(dataset), "num_pef_prompts": len(dataset) - len(exp_index),
+    num_pef = len(dataset) - len(exp_index) - dropped
+    stats = {"num_prompts": len(dataset), "num_pef_prompts": num_pef, "num_unsolved_dropped": dropped,
              "num_pef_rows": len(pef_rows["prompt_index"]), "num_exp_prompts": len(exp_index),
              "moved_by_refinement": moved}
     return DPHSplit(pef=Dataset.from_dict(pef_rows), exp=exp, stats=stats)

@@ -76,7 +76,8 @@ class DPHTrainer(CheckpointStateMixin, ModelCardMixin, FiniteLossMixin, OfflineP
             reward_index = self._correctness_index(presampled)
             split = dph_split(presampled, args.pef_threshold, args.pef_keep,
                               self._refinement_rewards(train_dataset, reward_index) if args.pef_refine else None,
-                              reward_index=reward_index, correct_threshold=args.correctness_threshold)
+                              reward_index=reward_index, correct_threshold=args.correctness_threshold,
+                              drop_unsolved=args.drop_unsolved)
         self.pef_dataset, self.train_dataset, self.split_stats = split.pef, split.exp, split.stats
         self.defer_log({**summarize(presampled), **split.stats})
         if len(self.pef_dataset) == 0:
@@ -86,8 +87,11 @@ class DPHTrainer(CheckpointStateMixin, ModelCardMixin, FiniteLossMixin, OfflineP
             warnings.warn("DPH-RL: D_pef is empty (no near-perfect prompt); training runs as GRPO without KL",
                           stacklevel=2)
         if len(self.train_dataset) == 0:
-            raise ValueError(f"every prompt is near-perfect ({args.pef_threshold} of {args.num_presamples} correct): "
-                             "D_exp is empty and there is nothing to explore. Raise pef_threshold")
+            dropped = split.stats["num_unsolved_dropped"]
+            raise ValueError(f"D_exp is empty and there is nothing to explore: every prompt is near-perfect "
+                             f"({args.pef_threshold} of {args.num_presamples} correct)"
+                             + (f" or unsolved ({dropped} dropped by drop_unsolved)" if dropped else "")
+                             + ". Raise pef_threshold" + (" or set drop_unsolved=False" if dropped else ""))
         self._pef_epoch, self._pef_pos = 0, 0  # position in the global D_pef stream (checkpointed)
         if definition:
             # GRPO computes the rollouts' reference log-probs when beta != 0; its own KL term stays off (the loss
