@@ -56,10 +56,10 @@ def mean_ci(values: list[float]) -> tuple[float, float]:
 
 def compare(a: tuple[float, float], b: tuple[float, float], relation: str) -> str:
     """'holds' / 'does not hold' / 'inconclusive' for ``a <relation> b`` with relation one of ``>``, ``<``, ``>=``,
-    ``<=`` (see the module docstring); each argument is ``(mean, half-width)``."""
+    ``<=`` (see the module docstring); each argument is ``(mean, half-width)``. Without an interval (one seed, or a
+    number a run did not produce) there is no verdict: inconclusive."""
     (ma, ha), (mb, hb) = a, b
-    ha, hb = (0.0 if math.isnan(h) else h for h in (ha, hb))
-    if math.isnan(ma) or math.isnan(mb):
+    if any(math.isnan(x) for x in (ma, mb, ha, hb)):  # a missing number, or one seed: no interval, no verdict
         return "inconclusive"
     lo_a, hi_a, lo_b, hi_b = ma - ha, ma + ha, mb - hb, mb + hb
     above, below = lo_a > hi_b, hi_a < lo_b
@@ -370,6 +370,8 @@ def main(argv: list[str] | None = None):
     per_seed |= {m: [per_seed_numbers(r, e, k, t) for r, e in zip(runs[m], evals[m], strict=True)]
                  for m in args.methods}
     stats = {m: {key: mean_ci([row[key] for row in rows]) for key in rows[0]} for m, rows in per_seed.items()}
+    # the base is one model evaluated once (fixed evaluation seed): a fixed reference point, not a seed sample
+    stats["base"] = {key: (m, 0.0) for key, (m, _) in stats["base"].items()}
     claim_lines = claims(stats, k)
     plot_training_curves(runs, out / "training_curves.png")
     plot_eval(evals, k, args.temperatures, out)

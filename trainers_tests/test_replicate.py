@@ -28,6 +28,7 @@ def test_mean_and_95_percent_interval_by_hand():
     ((0.1, 0.01), (0.3, 0.01), "<", "holds"),
     ((0.60, 0.05), (0.62, 0.05), ">=", "holds"),         # "equal or better": not entirely below
     ((0.40, 0.05), (0.62, 0.05), ">=", "does not hold"),
+    ((0.9, float("nan")), (0.1, 0.01), ">", "inconclusive"),   # one seed: no interval, no verdict
 ])
 def test_claim_verdicts(a, b, relation, verdict):
     assert replicate.compare(a, b, relation) == verdict
