@@ -292,6 +292,18 @@ def write_report(all_results: Sequence[dict], output_dir) -> dict[str, str]:
 
 
 # ------------------------------------------------------------------------------------- training callback ---
+def evaluate_policy(trainer, dataset, reward_funcs, config: EvalConfig) -> dict:
+    """:func:`evaluate` on a trainer's current policy (sharded over its processes when there are several), leaving
+    the model in the train / eval mode it was in. Every process must call it."""
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    was_training = model.training
+    multi = trainer.accelerator.num_processes > 1
+    res = evaluate(model, trainer.processing_class, dataset, reward_funcs, config,
+                   accelerator=trainer.accelerator if multi else None)
+    model.train(was_training)
+    return res
+
+
 class PassAtKCallback(TrainerCallback):
     """Run :func:`evaluate` on ``dataset`` every ``eval_steps`` optimizer steps and log the numbers through the
     trainer's logging (``eval_passk/greedy``, ``eval_passk/T<t>/avg@k``, ``.../pass@k``, ``.../entropy``).
@@ -310,11 +322,7 @@ class PassAtKCallback(TrainerCallback):
         if state.global_step % self.eval_steps:
             return
         trainer = self.trainer
-        model = trainer.accelerator.unwrap_model(trainer.model)
-        multi = trainer.accelerator.num_processes > 1
-        res = evaluate(model, trainer.processing_class, self.dataset, self.reward_funcs, self.config,
-                       accelerator=trainer.accelerator if multi else None)
-        model.train()
+        res = evaluate_policy(trainer, self.dataset, self.reward_funcs, self.config)
         k = self.config.k
         logs = {"eval_passk/greedy": res["greedy"]} if "greedy" in res else {}
         for t, e in res["temperatures"].items():
@@ -354,12 +362,7 @@ class HeldOutCallback(TrainerCallback):
         if self.history and self.history[-1]["step"] == step:
             return
         trainer = self.trainer
-        model = trainer.accelerator.unwrap_model(trainer.model)
-        was_training = model.training
-        multi = trainer.accelerator.num_processes > 1
-        res = evaluate(model, trainer.processing_class, self.dataset, self.reward_funcs, self.config,
-                       accelerator=trainer.accelerator if multi else None)
-        model.train(was_training)
+        res = evaluate_policy(trainer, self.dataset, self.reward_funcs, self.config)
         k, t = self.config.k, str(self.temperature)
         row = {"step": step, "greedy": res["greedy"], f"avg@{k}": res["temperatures"][t][f"avg@{k}"]}
         self.history.append(row)
