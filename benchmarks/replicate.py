@@ -15,6 +15,10 @@ part holds: "A above B" needs the two intervals apart in the claimed direction; 
 A's interval not entirely below B's. A part *does not hold* when the intervals are apart in the wrong direction (for
 "equal or better": A's interval entirely below B's). Anything else is *inconclusive* (the intervals overlap).
 
+Each finished (method, seed) is saved in ``<work_dir>/<method>-seed<n>/run.json`` and reused when the script
+is run again with the same settings, so an interrupted replication continues where it stopped (and more seeds can be
+added later); the wall time reported is the sum of the recorded runs.
+
 Writes ``--out`` (default ``results/replication/``): ``replication.json`` (every number, per seed),
 ``README.md`` (claim table, settings, seeds, wall time, the command), ``training_curves.png``, ``pass_at_k.png``
 and ``accuracy_vs_temperature.png`` (mean with 95% CI bands).
@@ -127,6 +131,18 @@ def train(method: str, seed: int, args, out_dir: Path) -> dict:
     train_s = time.perf_counter() - t0
     trainer.save_model(str(out_dir))
     return {"history": trainer.state.log_history, "setup_s": setup_s, "train_s": train_s}
+
+
+def run_settings(args) -> dict:
+    """Everything a finished (method, seed) depends on; a saved run is reused only if these match."""
+    keys = ["steps", "lr", "G", "max_len", "train_prompts", "eval_prompts", "k", "temperatures", "logging_steps",
+            "threads", "base_model"]
+    return {key: getattr(args, key) for key in keys}
+
+
+def _drop_per_prompt(ev: dict) -> None:
+    for entry in ev["temperatures"].values():
+        entry.pop("correct", None)  # per-prompt counts: large, and the summary numbers keep what matters
 
 
 def query_kl(model_path: str, base_path: str, prompts) -> float:
@@ -334,6 +350,8 @@ def main(argv: list[str] | None = None):
     ap.add_argument("--logging_steps", type=int, default=10)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default=str(ROOT / "results" / "replication"))
+    ap.add_argument("--work_dir", default=str(ROOT / "outputs" / "replication"),
+                    help="trained models and the per-run records (run.json) that let a rerun continue")
     ap.add_argument("--base_model", default=None, help="start every method from this model (default: the shipped one)")
     args = ap.parse_args(argv)
     if 1.0 not in args.temperatures:
@@ -351,17 +369,30 @@ def main(argv: list[str] | None = None):
     test = load_default_dataset(n_train=0, n_test=args.eval_prompts)["test"]
     config = EvalConfig(k=args.k, temperatures=args.temperatures, max_completion_length=args.max_len, seed=0)
     base = evaluate(args.base_model, None, test, accuracy_reward, config, name="base")
+    compute_s = time.perf_counter() - start  # wall time of the runs made now plus those reused from earlier runs
     runs: dict[str, list] = {m: [] for m in args.methods}
     evals: dict[str, list] = {"base": [base]}
     for seed in args.seeds:
         for method in args.methods:
-            model_dir = ROOT / "outputs" / out.name / f"{method}-seed{seed}"
-            run = train(method, seed, args, model_dir) | {"model_dir": str(model_dir), "seed": seed}
-            ev = evaluate(str(model_dir), None, test, accuracy_reward, config, name=f"{method}-s{seed}",
-                          reference_model=args.base_model, base_results=base)
-            ev["query_kl"] = query_kl(str(model_dir), args.base_model, list(test["prompt"]))
+            model_dir = Path(args.work_dir) / f"{method}-seed{seed}"
+            record = model_dir / "run.json"  # one finished (method, seed): reused when rerun with the same settings
+            done = json.loads(record.read_text()) if record.exists() else None
+            if done is not None and done["settings"] == run_settings(args):
+                run, ev = done["run"], done["evaluation"]
+                print(f"{method} seed {seed}: reusing {record}", flush=True)
+            else:
+                t0 = time.perf_counter()
+                run = train(method, seed, args, model_dir) | {"model_dir": str(model_dir), "seed": seed}
+                ev = evaluate(str(model_dir), None, test, accuracy_reward, config, name=f"{method}-s{seed}",
+                              reference_model=args.base_model, base_results=base)
+                ev["query_kl"] = query_kl(str(model_dir), args.base_model, list(test["prompt"]))
+                _drop_per_prompt(ev)
+                run["total_s"] = time.perf_counter() - t0
+                record.write_text(json.dumps({"settings": run_settings(args), "run": run, "evaluation": ev},
+                                             default=str))
             runs[method].append(run)
             evals.setdefault(method, []).append(ev)
+            compute_s += run["total_s"]
             print(f"{method} seed {seed}: trained {run['train_s']:.0f} s (+{run['setup_s']:.0f} s setup), greedy "
                   f"{ev['greedy']:.3f} (base {base['greedy']:.3f})", flush=True)
     base["query_kl"] = 0.0
@@ -375,12 +406,9 @@ def main(argv: list[str] | None = None):
     claim_lines = claims(stats, k)
     plot_training_curves(runs, out / "training_curves.png")
     plot_eval(evals, k, args.temperatures, out)
-    wall = time.perf_counter() - start
+    wall = compute_s
     page = write_page(out, args, stats, claim_lines, wall, k)
-    for e in evals.values():
-        for r in e:
-            for entry in r["temperatures"].values():
-                entry.pop("correct", None)  # per-prompt counts: large, and the summary numbers keep what matters
+    _drop_per_prompt(base)
     (out / "replication.json").write_text(json.dumps(
         {"settings": vars(args), "command": " ".join(sys.argv), "wall_s": wall, "stats": stats, "claims": claim_lines,
          "per_seed": per_seed, "evaluations": evals, "histories": {m: [r["history"] for r in s] for m, s in runs.items()}},

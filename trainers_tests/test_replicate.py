@@ -41,11 +41,12 @@ def test_a_claim_holds_only_when_every_part_does():
 
 
 @pytest.mark.slow
-def test_reduced_replication_grpo_beats_the_base(tmp_path):
+def test_reduced_replication_grpo_beats_the_base(tmp_path, monkeypatch):
     out = tmp_path / "replication"
-    result = replicate.main(["--seeds", "0", "--methods", "grpo", "--steps", "30", "--train_prompts", "256",
-                             "--eval_prompts", "200", "--k", "2", "--temperatures", "1.0", "--logging_steps", "5",
-                             "--threads", "1", "--out", str(out)])
+    argv = ["--seeds", "0", "--methods", "grpo", "--steps", "30", "--train_prompts", "256", "--eval_prompts", "200",
+            "--k", "2", "--temperatures", "1.0", "--logging_steps", "5", "--threads", "1", "--out", str(out),
+            "--work_dir", str(tmp_path / "work")]
+    result = replicate.main(argv)
     base, grpo = result["per_seed"]["base"][0], result["per_seed"]["grpo"][0]
     assert grpo["greedy"] >= base["greedy"] + 0.10, (base["greedy"], grpo["greedy"])
     assert grpo["avg@2"] > base["avg@2"], (base["avg@2"], grpo["avg@2"])
@@ -54,3 +55,8 @@ def test_reduced_replication_grpo_beats_the_base(tmp_path):
     assert json.loads((out / "replication.json").read_text())["per_seed"]["grpo"][0]["greedy"] == grpo["greedy"]
     for png in ("training_curves.png", "pass_at_k.png", "accuracy_vs_temperature.png"):
         assert (out / png).stat().st_size > 10_000
+
+    # a rerun with the same settings continues from the saved runs: nothing is trained again, same numbers
+    monkeypatch.setattr(replicate, "train", lambda *a, **k: pytest.fail("a finished run was trained again"))
+    again = replicate.main(argv)
+    assert again["per_seed"]["grpo"] == result["per_seed"]["grpo"]
