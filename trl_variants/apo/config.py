@@ -2,11 +2,48 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 
 from trl import GRPOConfig
 
 from .._validation import check_common
+
+_NO_RATIO = "the regression has no importance ratio: samples (vLLM's included) enter it as they are"
+_NO_SURROGATE = "A*-PO's loss is its least-squares regression, not one of GRPO's surrogate losses"
+_NO_GROUP = "the regression target is r - V_hat(x), not a group-normalised advantage"
+# GRPOConfig options that A*-PO's loss does not use. Left at GRPOConfig's defaults they change nothing; a changed value
+# would be silently ignored, so it is refused (field, reason). Checked against TRL 1.16's GRPOConfig.
+UNUSED_GRPO_OPTIONS: dict[str, str] = {
+    "loss_type": _NO_SURROGATE,
+    "epsilon": "the regression has no ratio clipping",
+    "epsilon_high": "the regression has no ratio clipping",
+    "delta": "the regression has no ratio clipping",
+    "importance_sampling_level": _NO_RATIO,
+    "sapo_temperature_neg": _NO_SURROGATE, "sapo_temperature_pos": _NO_SURROGATE,
+    "vespo_k_pos": _NO_SURROGATE, "vespo_lambda_pos": _NO_SURROGATE,
+    "vespo_k_neg": _NO_SURROGATE, "vespo_lambda_neg": _NO_SURROGATE,
+    "scale_rewards": _NO_GROUP,
+    "multi_objective_aggregation": _NO_GROUP + " (rewards are summed with reward_weights)",
+    "top_entropy_quantile": "the regression has no entropy mask",
+    "use_adaptive_entropy": "the optional entropy bonus uses the fixed entropy_coef",
+    "off_policy_mask_threshold": "the regression has no off-policy sequence mask",
+    "use_bias_correction_kl": "there is no separate KL term (beta is beta2 inside the regression)",
+    "vllm_importance_sampling_mode": _NO_RATIO,
+    "vllm_importance_sampling_clip_max": _NO_RATIO,
+    "vllm_importance_sampling_clip_min": _NO_RATIO,
+    "vllm_importance_sampling_cap": _NO_RATIO,
+    "mask_truncated_completions": "every sample's reward is a regression target, truncated ones included",
+    "sync_ref_model": "V_hat(x) comes from the frozen reference; moving the reference would change the target",
+}
+
+
+def check_unused_grpo_options(config) -> None:
+    """Refuse a non-default value of a GRPO option A*-PO's loss ignores (see ``UNUSED_GRPO_OPTIONS``)."""
+    defaults = {f.name: f.default for f in fields(GRPOConfig) if f.default is not MISSING}
+    for name, reason in UNUSED_GRPO_OPTIONS.items():
+        if name in defaults and getattr(config, name) != defaults[name]:
+            raise ValueError(f"APOConfig.{name}={getattr(config, name)!r} has no effect in A*-PO: {reason}. Remove it "
+                             f"(leave the default {defaults[name]!r}) or train with GRPOTrainer.")
 
 
 @dataclass
@@ -20,7 +57,9 @@ class APOConfig(GRPOConfig):
     (``num_generations = 1``, the default here) and the regression loss
     ``mean (beta2 log(pi/pi_ref)(y|x) - (r - V_hat(x)))^2``; ``beta2`` is GRPOConfig's ``beta`` (default here 1e-3).
     No clipping, no group or length normalisation. ``entropy_coef`` (GRPO's field) adds the optional entropy bonus of
-    the authors' config (off by default).
+    the authors' config (off by default). GRPO's surrogate-loss options (``loss_type``, ``epsilon``, ``delta``,
+    ``scale_rewards``, ``top_entropy_quantile``, the importance-sampling options, ...; the full list with reasons is
+    ``UNUSED_GRPO_OPTIONS``) have no effect on this loss: changing one from its default is refused.
 
     Parameters:
         num_value_samples (`int`, defaults to `8`): N, reference samples per prompt in stage 1.
@@ -45,6 +84,7 @@ class APOConfig(GRPOConfig):
 
     def __post_init__(self):
         check_common(self)  # options TRL accepts but that fail after the model load (issue #16)
+        check_unused_grpo_options(self)
         if self.num_generations is None or self.num_generations < 1:
             raise ValueError(f"num_generations must be >= 1 (A*-PO samples one completion per prompt), got "
                              f"{self.num_generations}")
