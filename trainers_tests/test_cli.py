@@ -129,3 +129,46 @@ def test_evaluate_refuses_a_reward_model_before_loading_anything(monkeypatch, tm
     monkeypatch.setattr(cli, "load_eval_dataset", lambda *a, **k: pytest.fail("data loaded before the refusal"))
     with pytest.raises(ValueError, match=r"--reward_model_name_or_path is not supported by evaluate"):
         cli.main(["evaluate", "--reward_model_name_or_path", "org/rm", "--output_dir", str(tmp_path)])
+
+
+def test_presample_and_evaluate_filter_prompt_length_with_the_models_tokenizer(tmp_path, monkeypatch):
+    """``--filter_prompt_length`` works in both commands: the prompts kept are exactly those of at most N tokens of
+    the model's tokenizer (counted by hand here), and the presampled dataset's card says so."""
+    from datasets import load_from_disk
+    from transformers import AutoTokenizer
+
+    from trl_variants.default import DEFAULT_MODEL_PATH, load_default_dataset
+
+    tok = AutoTokenizer.from_pretrained(DEFAULT_MODEL_PATH)
+
+    def n_tokens(messages):  # the prompt as GRPOTrainer feeds it: the chat template with the generation prompt
+        return len(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)[
+            "input_ids"])
+
+    train = load_default_dataset(n_train=40, n_test=30, seed=3)
+    lengths = sorted(n_tokens(p) for p in train["train"]["prompt"])
+    limit = lengths[len(lengths) // 2]  # keeps about half
+    want = [p for p in train["train"]["prompt"] if n_tokens(p) <= limit]
+    assert 0 < len(want) < 40
+    out = tmp_path / "presampled"
+    cli.main(["presample", "--embedded_train_size", "40", "--embedded_test_size", "30", "--embedded_seed", "3",
+              "--filter_prompt_length", str(limit), "--num_samples", "0", "--cache_dir", str(tmp_path / "cache"),
+              "--output_dir", str(out), "--show_progress", "false"])
+    assert load_from_disk(str(out))["prompt"] == want
+    assert f"prompts of at most {limit} tokens" in (out / "README.md").read_text()
+
+    seen = {}
+
+    def fake_evaluate(model, tokenizer, dataset, *args, **kwargs):
+        seen["prompts"] = list(dataset["prompt"])
+        raise SystemExit(0)  # stop before sampling: the dataset handed to evaluation is what is checked
+
+    pytest.importorskip("matplotlib", reason="evaluate checks matplotlib first")
+    import trl_variants.evaluate as ev
+
+    monkeypatch.setattr(ev, "evaluate", fake_evaluate)
+    with pytest.raises(SystemExit):
+        cli.main(["evaluate", "--embedded_train_size", "40", "--embedded_test_size", "30", "--embedded_seed", "3",
+                  "--filter_prompt_length", str(limit), "--output_dir", str(tmp_path / "eval")])
+    test_want = [p for p in train["test"]["prompt"] if n_tokens(p) <= limit]
+    assert seen["prompts"] == test_want and 0 < len(test_want) < 30

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 from trl import TrlParser
 
@@ -14,6 +15,7 @@ from ._validation import check_model_reference
 from .presample import PresampleConfig
 from .scripts import (
     TrainScriptArguments,
+    filter_prompt_length,
     get_reward_funcs,
     load_datasets,
     offline_reward_funcs,
@@ -61,7 +63,10 @@ def presample_main(argv: list[str]) -> None:
 
         torch.set_num_threads(script_args.torch_threads)
     script_args.dataset_test_split = "test"
-    train, _ = load_datasets(script_args)
+    model = script_args.model_name_or_path or DEFAULT_MODEL_PATH
+    tokenizer = prompt_length_tokenizer(script_args, model)
+    train, _ = load_datasets(script_args, SimpleNamespace(eval_strategy="no",
+                                                          chat_template_kwargs=config.chat_template_kwargs), tokenizer)
     source = presample_source(script_args)
     if script_args.split == "test":
         if not uses_embedded(script_args):
@@ -71,9 +76,12 @@ def presample_main(argv: list[str]) -> None:
 
         train = load_default_dataset(script_args.embedded_train_size, script_args.embedded_test_size,
                                      seed=script_args.embedded_seed)["test"]
+        if tokenizer is not None:
+            train = filter_prompt_length(train, tokenizer, script_args.filter_prompt_length,
+                                         config.chat_template_kwargs, "test")
     state = PartialState()
     rewards = offline_reward_funcs(script_args, state.device, config.chat_template_kwargs) if config.num_samples else []
-    result = presample(script_args.model_name_or_path or DEFAULT_MODEL_PATH, None, train, rewards, config,
+    result = presample(model, None, train, rewards, config,
                        accelerator=state)  # the model on this process's device (GPU), shards split if several
     if state.is_main_process:
         from pathlib import Path
@@ -95,10 +103,10 @@ def presample_source(script_args) -> dict:
     """What the prompts of ``trl-variants presample`` were taken from, for the dataset card."""
     if uses_embedded(script_args):
         split = script_args.split if script_args.split == "test" else "train"
-        return {"dataset": "embedded (trl_variants.default synthetic arithmetic task)", "split": split,
-                "embedded_train_size": script_args.embedded_train_size,
-                "embedded_test_size": script_args.embedded_test_size, "embedded_seed": script_args.embedded_seed}
-    if getattr(script_args, "datasets", None):  # a mixture loaded with TRL's get_dataset
+        source = {"dataset": "embedded (trl_variants.default synthetic arithmetic task)", "split": split,
+                  "embedded_train_size": script_args.embedded_train_size,
+                  "embedded_test_size": script_args.embedded_test_size, "embedded_seed": script_args.embedded_seed}
+    elif getattr(script_args, "datasets", None):  # a mixture loaded with TRL's get_dataset
         from dataclasses import asdict
 
         source = {"dataset": "mixture", "datasets": [asdict(d) for d in script_args.datasets],
@@ -108,6 +116,8 @@ def presample_source(script_args) -> dict:
                   "split": script_args.dataset_train_split}
     if script_args.filter_column:
         source["filter"] = f"{script_args.filter_column} in {script_args.filter_values}"
+    if script_args.filter_prompt_length is not None:
+        source["filter_prompt_length"] = f"prompts of at most {script_args.filter_prompt_length} tokens"
     return source
 
 
@@ -179,7 +189,7 @@ def evaluate_main(argv: list[str]) -> None:
         import torch
 
         torch.set_num_threads(script_args.torch_threads)
-    dataset = load_eval_dataset(script_args)
+    dataset = load_eval_dataset(script_args, prompt_length_tokenizer(script_args, models[0]))
     state = PartialState()
     accelerator = state if state.num_processes > 1 else None
     rewards = get_reward_funcs(script_args.reward_funcs)
@@ -206,11 +216,19 @@ def require_matplotlib() -> None:
                           "install 'trl-variants[plots]'). Nothing was loaded or sampled.") from e
 
 
-def load_eval_dataset(script_args):
-    """The evaluation split: the embedded task's fixed test split, or ``dataset_test_split`` of the dataset."""
-    from types import SimpleNamespace
+def prompt_length_tokenizer(script_args, model: str):
+    """The tokenizer ``--filter_prompt_length`` counts prompt tokens with (``model``'s), or None without the flag."""
+    if script_args.filter_prompt_length is None:
+        return None
+    from transformers import AutoTokenizer
 
-    _, test = load_datasets(script_args, SimpleNamespace(eval_strategy="steps"))
+    return AutoTokenizer.from_pretrained(model)
+
+
+def load_eval_dataset(script_args, tokenizer=None):
+    """The evaluation split: the embedded task's fixed test split, or ``dataset_test_split`` of the dataset;
+    ``tokenizer`` counts prompt tokens for ``--filter_prompt_length`` (the first of ``--models``)."""
+    _, test = load_datasets(script_args, SimpleNamespace(eval_strategy="steps"), tokenizer)
     if test is None:
         raise ValueError(f"dataset {script_args.dataset_name!r} has no split {script_args.dataset_test_split!r}: set "
                          "--dataset_test_split")

@@ -204,8 +204,8 @@ def load_datasets(script_args: TrainScriptArguments, training_args=None, tokeniz
     ``--filter_prompt_length``."""
     check_dataset_flags(script_args)
     if script_args.filter_prompt_length is not None and tokenizer is None:
-        raise ValueError("--filter_prompt_length counts tokens of the model's tokenizer, which this command does not "
-                         "load: filter when training (the examples apply it) or drop the flag")
+        raise ValueError("--filter_prompt_length counts prompt tokens with the model's tokenizer: pass it "
+                         "(load_datasets(..., tokenizer=AutoTokenizer.from_pretrained(model)))")
     name = script_args.dataset_name or EMBEDDED
     if script_args.datasets:
         from trl import get_dataset
