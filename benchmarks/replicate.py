@@ -15,7 +15,8 @@ part holds: "A above B" needs the two intervals apart in the claimed direction; 
 A's interval not entirely below B's. A part *does not hold* when the intervals are apart in the wrong direction (for
 "equal or better": A's interval entirely below B's). Anything else is *inconclusive* (the intervals overlap).
 
-Each finished (method, seed) is saved in ``<work_dir>/<method>-seed<n>/run.json`` and reused when the script
+Each finished (method, seed) is saved in ``<work_dir>/<method>-seed<n>/run.json`` (the base's evaluation in
+``<work_dir>/base.json``) and reused when the script
 is run again with the same settings, so an interrupted replication continues where it stopped (and more seeds can be
 added later); the wall time reported is the sum of the recorded runs.
 
@@ -368,8 +369,15 @@ def main(argv: list[str] | None = None):
     out.mkdir(parents=True, exist_ok=True)
     test = load_default_dataset(n_train=0, n_test=args.eval_prompts)["test"]
     config = EvalConfig(k=args.k, temperatures=args.temperatures, max_completion_length=args.max_len, seed=0)
-    base = evaluate(args.base_model, None, test, accuracy_reward, config, name="base")
-    compute_s = time.perf_counter() - start  # wall time of the runs made now plus those reused from earlier runs
+    base_record = Path(args.work_dir) / "base.json"  # the base's evaluation, reused like the runs
+    saved = json.loads(base_record.read_text()) if base_record.exists() else None
+    if saved is not None and saved["settings"] == run_settings(args):
+        base, compute_s = saved["evaluation"], saved["total_s"]
+    else:
+        base = evaluate(args.base_model, None, test, accuracy_reward, config, name="base")
+        compute_s = time.perf_counter() - start  # wall time of the runs made now plus those reused from earlier runs
+        base_record.parent.mkdir(parents=True, exist_ok=True)
+        base_record.write_text(json.dumps({"settings": run_settings(args), "evaluation": base, "total_s": compute_s}))
     runs: dict[str, list] = {m: [] for m in args.methods}
     evals: dict[str, list] = {"base": [base]}
     for seed in args.seeds:
