@@ -21,8 +21,9 @@ is run again with the same settings, so an interrupted replication continues whe
 added later); the wall time reported is the sum of the recorded runs.
 
 Writes ``--out`` (default ``results/replication/``): ``replication.json`` (every number, per seed),
-``README.md`` (claim table, settings, seeds, wall time, the command), ``training_curves.png``, ``pass_at_k.png``
-and ``accuracy_vs_temperature.png`` (mean with 95% CI bands).
+``README.md`` (claim table, settings, seeds, wall time, the command), ``claims.png`` (the headline: each claim's
+numbers with 95% CI whiskers), ``training_curves.png``, ``pass_at_k.png`` and ``accuracy_vs_temperature.png`` (mean
+with 95% CI bands).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 METHODS = ["grpo", "erpo", "eepo", "dph", "apo"]
+PAPER_KEY = {"ERPO": "erpo", "EEPO": "eepo", "DPH-RL": "dph", "A*-PO": "apo"}
 LABELS = {"base": "base", "grpo": "GRPO (TRL)", "erpo": "ERPO", "eepo": "EEPO", "dph": "DPH-RL", "apo": "A*-PO"}
 
 
@@ -194,9 +196,10 @@ def claims(stats: dict[str, dict[str, tuple[float, float]]], k: int) -> list[dic
     """One line per paper: the claim, the numbers and the verdict (see the module docstring)."""
     g, out = stats.get("grpo"), []
 
-    def line(paper, claim, parts, numbers):
+    def line(paper, claim, parts, numbers, labels=None):
+        labels = labels or {name: (LABELS[key], LABELS["grpo"]) for name in numbers for key in [PAPER_KEY[paper]]}
         out.append({"paper": paper, "claim": claim, "verdict": combine([v for _, v in parts]),
-                    "parts": {name: v for name, v in parts}, "numbers": numbers})
+                    "parts": {name: v for name, v in parts}, "numbers": numbers, "labels": labels})
 
     if g and "erpo" in stats:
         s = stats["erpo"]
@@ -212,7 +215,9 @@ def claims(stats: dict[str, dict[str, tuple[float, float]]], k: int) -> list[dic
               ("greedy accuracy equal or better", compare(s["greedy"], g["greedy"], ">="))],
              {"stage-2 vs stage-1 entropy": (s["eepo_stage2_entropy"], s["eepo_stage1_entropy"]),
               "entropy decay (first - last logs)": (s["train_entropy_decay"], g["train_entropy_decay"]),
-              "greedy": (s["greedy"], g["greedy"])})
+              "greedy": (s["greedy"], g["greedy"])},
+             {"stage-2 vs stage-1 entropy": ("EEPO stage 2", "EEPO stage 1"),
+              "entropy decay (first - last logs)": ("EEPO", LABELS["grpo"]), "greedy": ("EEPO", LABELS["grpo"])})
     if g and "dph" in stats:
         s, b = stats["dph"], stats["base"]
         line("DPH-RL", f"pass@{k} at or above GRPO and keep rate at or above GRPO (where GRPO's pass@{k} shrinks)",
@@ -220,7 +225,9 @@ def claims(stats: dict[str, dict[str, tuple[float, float]]], k: int) -> list[dic
               ("keep rate at or above GRPO", compare(s["keep_rate"], g["keep_rate"], ">=")),
               (f"GRPO's pass@{k} below the base's", compare(g[f"pass@{k}"], b[f"pass@{k}"], "<"))],
              {f"pass@{k}": (s[f"pass@{k}"], g[f"pass@{k}"]), "keep rate": (s["keep_rate"], g["keep_rate"]),
-              f"GRPO vs base pass@{k}": (g[f"pass@{k}"], b[f"pass@{k}"])})
+              f"GRPO vs base pass@{k}": (g[f"pass@{k}"], b[f"pass@{k}"])},
+             {f"pass@{k}": ("DPH-RL", LABELS["grpo"]), "keep rate": ("DPH-RL", LABELS["grpo"]),
+              f"GRPO vs base pass@{k}": (LABELS["grpo"], "base")})
     if g and "apo" in stats:
         s = stats["apo"]
         line("A*-PO", "equal or better accuracy in less wall time, lower KL to the base",
@@ -302,6 +309,33 @@ def plot_eval(evals: dict, k: int, temps: list[float], out: Path) -> None:
     plt.close(fig)
 
 
+def plot_claims(claim_lines: list[dict], path: Path) -> None:
+    """The headline figure: one row per paper, one panel per number of its claim (mean and 95% CI whiskers)."""
+    from trl_variants.evaluate import _plt
+
+    plt = _plt()
+    cols = max(len(c["numbers"]) for c in claim_lines)
+    fig, axes = plt.subplots(len(claim_lines), cols, figsize=(3.3 * cols, 2.5 * len(claim_lines)), squeeze=False)
+    for row, c in zip(axes, claim_lines, strict=True):
+        for ax in row[len(c["numbers"]):]:
+            ax.axis("off")
+        # numbers and parts are listed in the same order (claims()): panel i shows part i's two numbers
+        for ax, (name, (a, b)), verdict in zip(row, c["numbers"].items(), c["parts"].values(), strict=False):
+            means = [a[0], b[0]]
+            halves = [0.0 if math.isnan(x[1]) else x[1] for x in (a, b)]
+            for x, color in ((0, "C1"), (1, "0.4")):  # points, not bars: the y axis zooms on the difference
+                ax.errorbar([x], [means[x]], yerr=[halves[x]], fmt="o", color=color, capsize=6, markersize=7)
+            ax.set_xlim(-0.6, 1.6)
+            ax.set_xticks([0, 1], c["labels"][name], fontsize=8)
+            ax.set_title(f"{c['paper']}: {name}\n({verdict})", fontsize=8)
+            ax.grid(alpha=0.3, axis="y")
+        row[0].set_ylabel(c["verdict"], fontsize=9, fontweight="bold")
+    fig.suptitle("Each paper's claim vs TRL's GRPOTrainer (mean, 95% CI over seeds)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 # --------------------------------------------------------------------------------------------------- main ---
 def write_page(out: Path, args, stats: dict, claim_lines: list[dict], wall_s: float, k: int) -> str:
     cols = ["greedy", f"avg@{k}", f"pass@{k}", "entropy", "kl_to_base", "keep_rate", "query_kl", "wall_s"]
@@ -329,7 +363,7 @@ def write_page(out: Path, args, stats: dict, claim_lines: list[dict], wall_s: fl
               "| method | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
     for method, s in stats.items():
         lines.append(f"| {LABELS[method]} | " + " | ".join(fmt(s[c]) for c in cols) + " |")
-    lines += ["", "![training curves](training_curves.png)", "", "![pass@k](pass_at_k.png)", "",
+    lines += [""] + (["![claims](claims.png)", ""] if claim_lines else []) + ["![training curves](training_curves.png)", "", "![pass@k](pass_at_k.png)", "",
               "![accuracy vs temperature](accuracy_vs_temperature.png)", ""]
     text = "\n".join(lines)
     (out / "README.md").write_text(text)
@@ -412,6 +446,8 @@ def main(argv: list[str] | None = None):
     # the base is one model evaluated once (fixed evaluation seed): a fixed reference point, not a seed sample
     stats["base"] = {key: (m, 0.0) for key, (m, _) in stats["base"].items()}
     claim_lines = claims(stats, k)
+    if claim_lines:  # GRPO and at least one method
+        plot_claims(claim_lines, out / "claims.png")
     plot_training_curves(runs, out / "training_curves.png")
     plot_eval(evals, k, args.temperatures, out)
     wall = compute_s

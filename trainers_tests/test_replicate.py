@@ -40,6 +40,29 @@ def test_a_claim_holds_only_when_every_part_does():
     assert replicate.combine(["inconclusive", "does not hold"]) == "does not hold"
 
 
+def test_claim_table_and_headline_figure_from_known_numbers(tmp_path):
+    """Made-up statistics with known verdicts: each paper's line, its parts and the figure's panels."""
+    keys = ["greedy", "avg@16", "pass@16", "pass@1", "entropy", "kl_to_base", "keep_rate", "query_kl", "wall_s",
+            "train_entropy_decay", "eepo_stage1_entropy", "eepo_stage2_entropy"]
+    stats = {m: {key: (0.5, 0.01) for key in keys} for m in ["base", "grpo", "erpo", "eepo", "dph", "apo"]}
+    stats["base"]["pass@16"] = (0.9, 0.0)
+    stats["grpo"] |= {"query_kl": (0.10, 0.01), "pass@16": (0.80, 0.02), "keep_rate": (0.90, 0.01)}
+    stats["erpo"] |= {"query_kl": (0.01, 0.005), "greedy": (0.52, 0.03)}            # holds
+    stats["eepo"] |= {"eepo_stage2_entropy": (0.3, 0.01), "eepo_stage1_entropy": (0.31, 0.01)}  # inconclusive
+    stats["dph"] |= {"pass@16": (0.70, 0.01), "keep_rate": (0.95, 0.01)}          # does not hold (pass@16 below)
+    stats["apo"] |= {"wall_s": (0.4, 0.01), "kl_to_base": (0.2, 0.01)}             # holds
+    lines = {c["paper"]: c for c in replicate.claims(stats, 16)}
+    assert {p: c["verdict"] for p, c in lines.items()} == {
+        "ERPO": "holds", "EEPO": "inconclusive", "DPH-RL": "does not hold", "A*-PO": "holds"}
+    assert lines["DPH-RL"]["parts"] == {"pass@16 at or above GRPO": "does not hold",
+                                        "keep rate at or above GRPO": "holds", "GRPO's pass@16 below the base's": "holds"}
+    assert lines["DPH-RL"]["labels"]["GRPO vs base pass@16"] == ("GRPO (TRL)", "base")
+    for c in lines.values():  # the figure pairs panel i with part i
+        assert len(c["numbers"]) == len(c["parts"]) == len(c["labels"])
+    replicate.plot_claims(list(lines.values()), tmp_path / "claims.png")
+    assert (tmp_path / "claims.png").stat().st_size > 20_000
+
+
 @pytest.mark.slow
 def test_reduced_replication_grpo_beats_the_base(tmp_path, monkeypatch):
     out = tmp_path / "replication"
