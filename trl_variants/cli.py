@@ -116,7 +116,7 @@ def presample_source(script_args) -> dict:
                   "split": script_args.dataset_train_split}
     if script_args.filter_column:
         source["filter"] = f"{script_args.filter_column} in {script_args.filter_values}"
-    if script_args.filter_prompt_length is not None:
+    if getattr(script_args, "filter_prompt_length", None) is not None:
         source["filter_prompt_length"] = f"prompts of at most {script_args.filter_prompt_length} tokens"
     return source
 

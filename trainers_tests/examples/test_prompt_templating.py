@@ -124,5 +124,5 @@ def test_filter_prompt_length_drops_and_counts(tmp_path, capsys):
     script_args.filter_prompt_length = min(lengths) - 1
     with pytest.raises(ValueError, match="left no train prompts"):
         scripts.load_datasets(script_args, training_args, tok)
-    with pytest.raises(ValueError, match="--filter_prompt_length counts tokens of the model's tokenizer"):
-        scripts.load_datasets(script_args, training_args)  # e.g. `trl-variants presample`: no tokenizer loaded
+    with pytest.raises(ValueError, match="--filter_prompt_length counts prompt tokens with the model's tokenizer"):
+        scripts.load_datasets(script_args, training_args)  # a caller that forgot the tokenizer
