@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Reproduce every number and plot of docs/RESULTS.md on a CPU machine (about 50 minutes on 2 cores); every output
+# Reproduce every number and plot of docs/RESULTS.md on a CPU machine (about 3 hours on 2 cores, 2.4 of them the
+# replication: 3 seeds x 5 methods, ~9 minutes per trained and evaluated model; it saves each finished model's
+# record under outputs/replication/, so rerunning after an interruption continues where it stopped); every output
 # goes under results/ (one folder per study, each with a README naming its command):
 #   bash benchmarks/run_all.sh            # tiny-model benchmarks, stage 1, EEPO clip study, replication
 #   bash benchmarks/run_all.sh --extended # also the 25M-parameter and 32k-vocabulary benchmarks (--medium is an alias)
