@@ -143,6 +143,12 @@ def run_settings(args) -> dict:
     return {key: getattr(args, key) for key in keys}
 
 
+def saved_record(path: Path, args) -> dict | None:
+    """The record at ``path`` if it exists and was made with these settings (then it is reused), else None."""
+    record = json.loads(path.read_text()) if path.exists() else None
+    return record if record is not None and record["settings"] == run_settings(args) else None
+
+
 def _drop_per_prompt(ev: dict) -> None:
     for entry in ev["temperatures"].values():
         entry.pop("correct", None)  # per-prompt counts: large, and the summary numbers keep what matters
@@ -197,7 +203,7 @@ def claims(stats: dict[str, dict[str, tuple[float, float]]], k: int) -> list[dic
     g, out = stats.get("grpo"), []
 
     def line(paper, claim, parts, numbers, labels=None):
-        labels = labels or {name: (LABELS[key], LABELS["grpo"]) for name in numbers for key in [PAPER_KEY[paper]]}
+        labels = labels or {name: (LABELS[PAPER_KEY[paper]], LABELS["grpo"]) for name in numbers}
         out.append({"paper": paper, "claim": claim, "verdict": combine([v for _, v in parts]),
                     "parts": {name: v for name, v in parts}, "numbers": numbers, "labels": labels})
 
@@ -363,7 +369,8 @@ def write_page(out: Path, args, stats: dict, claim_lines: list[dict], wall_s: fl
               "| method | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
     for method, s in stats.items():
         lines.append(f"| {LABELS[method]} | " + " | ".join(fmt(s[c]) for c in cols) + " |")
-    lines += [""] + (["![claims](claims.png)", ""] if claim_lines else []) + ["![training curves](training_curves.png)", "", "![pass@k](pass_at_k.png)", "",
+    lines += [""] + (["![claims](claims.png)", ""] if claim_lines else [])
+    lines += ["![training curves](training_curves.png)", "", "![pass@k](pass_at_k.png)", "",
               "![accuracy vs temperature](accuracy_vs_temperature.png)", ""]
     text = "\n".join(lines)
     (out / "README.md").write_text(text)
@@ -404,8 +411,8 @@ def main(argv: list[str] | None = None):
     test = load_default_dataset(n_train=0, n_test=args.eval_prompts)["test"]
     config = EvalConfig(k=args.k, temperatures=args.temperatures, max_completion_length=args.max_len, seed=0)
     base_record = Path(args.work_dir) / "base.json"  # the base's evaluation, reused like the runs
-    saved = json.loads(base_record.read_text()) if base_record.exists() else None
-    if saved is not None and saved["settings"] == run_settings(args):
+    saved = saved_record(base_record, args)
+    if saved is not None:
         base, compute_s = saved["evaluation"], saved["total_s"]
     else:
         base = evaluate(args.base_model, None, test, accuracy_reward, config, name="base")
@@ -418,8 +425,8 @@ def main(argv: list[str] | None = None):
         for method in args.methods:
             model_dir = Path(args.work_dir) / f"{method}-seed{seed}"
             record = model_dir / "run.json"  # one finished (method, seed): reused when rerun with the same settings
-            done = json.loads(record.read_text()) if record.exists() else None
-            if done is not None and done["settings"] == run_settings(args):
+            done = saved_record(record, args)
+            if done is not None:
                 run, ev = done["run"], done["evaluation"]
                 print(f"{method} seed {seed}: reusing {record}", flush=True)
             else:
@@ -450,11 +457,10 @@ def main(argv: list[str] | None = None):
         plot_claims(claim_lines, out / "claims.png")
     plot_training_curves(runs, out / "training_curves.png")
     plot_eval(evals, k, args.temperatures, out)
-    wall = compute_s
-    page = write_page(out, args, stats, claim_lines, wall, k)
+    page = write_page(out, args, stats, claim_lines, compute_s, k)
     _drop_per_prompt(base)
     (out / "replication.json").write_text(json.dumps(
-        {"settings": vars(args), "command": " ".join(sys.argv), "wall_s": wall, "stats": stats, "claims": claim_lines,
+        {"settings": vars(args), "command": " ".join(sys.argv), "wall_s": compute_s, "stats": stats, "claims": claim_lines,
          "per_seed": per_seed, "evaluations": evals, "histories": {m: [r["history"] for r in s] for m, s in runs.items()}},
         indent=1, default=str))
     print(page)
