@@ -124,6 +124,12 @@ def test_presample_reads_a_dataset_mixture_and_names_it_on_the_card(tmp_path):
     assert "mixture" in card and dirs[0] in card and dirs[1] in card
 
 
+def test_presample_split_test_refuses_a_named_dataset_before_loading_it(monkeypatch, tmp_path):
+    monkeypatch.setattr(cli, "load_datasets", lambda *a, **k: pytest.fail("loaded data before refusing"))
+    with pytest.raises(ValueError, match=r"--split test is only supported for the embedded dataset"):
+        cli.main(["presample", "--split", "test", "--dataset_name", "org/data", "--output_dir", str(tmp_path)])
+
+
 def test_evaluate_refuses_a_reward_model_before_loading_anything(monkeypatch, tmp_path):
     pytest.importorskip("matplotlib", reason="evaluate checks matplotlib first")
     monkeypatch.setattr(cli, "load_eval_dataset", lambda *a, **k: pytest.fail("data loaded before the refusal"))
@@ -156,6 +162,13 @@ def test_presample_and_evaluate_filter_prompt_length_with_the_models_tokenizer(t
               "--output_dir", str(out), "--show_progress", "false"])
     assert load_from_disk(str(out))["prompt"] == want
     assert f"prompts of at most {limit} tokens" in (out / "README.md").read_text()
+    # --split test: the embedded test split, cut the same way (and only it is loaded and filtered)
+    test_want = [p for p in train["test"]["prompt"] if n_tokens(p) <= limit]
+    cli.main(["presample", "--split", "test", "--embedded_train_size", "40", "--embedded_test_size", "30",
+              "--embedded_seed", "3", "--filter_prompt_length", str(limit), "--num_samples", "0",
+              "--cache_dir", str(tmp_path / "cache"), "--output_dir", str(tmp_path / "test_split"),
+              "--show_progress", "false"])
+    assert load_from_disk(str(tmp_path / "test_split"))["prompt"] == test_want and 0 < len(test_want) < 30
 
     seen = {}
 

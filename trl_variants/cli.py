@@ -15,6 +15,7 @@ from ._validation import check_model_reference
 from .presample import PresampleConfig
 from .scripts import (
     TrainScriptArguments,
+    check_dataset_flags,
     filter_prompt_length,
     get_reward_funcs,
     load_datasets,
@@ -62,23 +63,26 @@ def presample_main(argv: list[str]) -> None:
         import torch
 
         torch.set_num_threads(script_args.torch_threads)
+    if script_args.split == "test" and not uses_embedded(script_args):
+        raise ValueError("--split test is only supported for the embedded dataset; pass the test split as "
+                         "--dataset_name / --dataset_train_split instead")
     script_args.dataset_test_split = "test"
     model = script_args.model_name_or_path or DEFAULT_MODEL_PATH
     tokenizer = prompt_length_tokenizer(script_args, model)
-    train, _ = load_datasets(script_args, SimpleNamespace(eval_strategy="no",
-                                                          chat_template_kwargs=config.chat_template_kwargs), tokenizer)
-    source = presample_source(script_args)
-    if script_args.split == "test":
-        if not uses_embedded(script_args):
-            raise ValueError("--split test is only supported for the embedded dataset; pass the test split as "
-                             "--dataset_name / --dataset_train_split instead")
+    if script_args.split == "test":  # the embedded task's fixed test split (only it: the train split is not loaded)
         from .default import load_default_dataset
 
+        check_dataset_flags(script_args)
         train = load_default_dataset(script_args.embedded_train_size, script_args.embedded_test_size,
                                      seed=script_args.embedded_seed)["test"]
         if tokenizer is not None:
             train = filter_prompt_length(train, tokenizer, script_args.filter_prompt_length,
                                          config.chat_template_kwargs, "test")
+    else:
+        train, _ = load_datasets(script_args, SimpleNamespace(eval_strategy="no",
+                                                              chat_template_kwargs=config.chat_template_kwargs),
+                                 tokenizer)
+    source = presample_source(script_args)
     state = PartialState()
     rewards = offline_reward_funcs(script_args, state.device, config.chat_template_kwargs) if config.num_samples else []
     result = presample(model, None, train, rewards, config,
