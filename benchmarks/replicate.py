@@ -349,7 +349,8 @@ def write_page(out: Path, args, stats: dict, claim_lines: list[dict], wall_s: fl
         "# Replication: each paper's claim at toy scale, against TRL's GRPOTrainer",
         "",
         f"Made by `{' '.join(['python', 'benchmarks/replicate.py', *sys.argv[1:]])}` "
-        f"({len(args.seeds)} seeds: {args.seeds}; total wall time {wall_s / 60:.0f} min on this machine).",
+        f"({len(args.seeds)} seed{'s' if len(args.seeds) > 1 else ''}: {args.seeds}; total wall time "
+        f"{wall_s / 60:.0f} min on this machine).",
         f"Base model `{Path(args.base_model).name}`; {args.steps} steps, learning rate {args.lr}, 32 completions per "
         f"step (G = {args.G}; A*-PO: 1 per prompt), completion length {args.max_len}, T = 1.0; "
         f"{args.train_prompts} training prompts, {args.eval_prompts} held-out prompts, k = {k}.",
@@ -358,9 +359,11 @@ def write_page(out: Path, args, stats: dict, claim_lines: list[dict], wall_s: fl
         "",
         "## Claims",
         "",
-        "| paper | claim | verdict | numbers (method vs comparison) |",
-        "|---|---|---|---|",
     ]
+    if claim_lines:
+        lines += ["| paper | claim | verdict | numbers (method vs comparison) |", "|---|---|---|---|"]
+    else:
+        lines.append(f"None: a claim compares a method with GRPO, and this run trained only {args.methods}.")
     for c in claim_lines:
         nums = "; ".join(f"{name}: {fmt(a)} vs {fmt(b)}" for name, (a, b) in c["numbers"].items())
         parts = ", ".join(f"{p}: {v}" for p, v in c["parts"].items())
@@ -379,7 +382,7 @@ def write_page(out: Path, args, stats: dict, claim_lines: list[dict], wall_s: fl
 
 def main(argv: list[str] | None = None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--lr", type=float, default=1e-4)
     ap.add_argument("--G", type=int, default=8)

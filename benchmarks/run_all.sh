@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Reproduce every number and plot of docs/RESULTS.md on a CPU machine (about 3 hours on 2 cores, 2.4 of them the
-# replication: 3 seeds x 5 methods, ~9 minutes per trained and evaluated model; it saves each finished model's
+# Reproduce every number and plot of docs/RESULTS.md on a CPU machine (about 5 hours on 2 cores, 4 of them the
+# replication: 5 seeds x 5 methods, ~10 minutes per trained and evaluated model; it saves each finished model's
 # record under outputs/replication/, so rerunning after an interruption continues where it stopped); every output
 # goes under results/ (one folder per study, each with a README naming its command):
 #   bash benchmarks/run_all.sh            # tiny-model benchmarks, stage 1, EEPO clip study, replication
@@ -20,6 +20,9 @@ $PY benchmarks/bench_fused_head.py --model tiny --out results/benchmarks/bench_f
 $PY benchmarks/bench_presample.py
 $PY benchmarks/eepo_eps_study.py
 $PY benchmarks/replicate.py
+# is GRPO's pass@16 shrinking in a longer run (DPH-RL's premise)? GRPO alone, 3x the budget, one seed (~10 minutes)
+$PY benchmarks/replicate.py --seeds 0 --methods grpo --steps 600 --temperatures 1.0 \
+    --work_dir outputs/replication_grpo_600_steps --out results/replication_grpo_600_steps
 if [ "${1:-}" = "--extended" ] || [ "${1:-}" = "--medium" ]; then
   $PY benchmarks/bench_trainers.py --model medium --variants grpo_beta0 grpo_beta erpo eepo dph grpo_g2 apo a2po \
       --reps 2 --steps 4 --warmup 2 --out results/benchmarks/benchmarks_medium
@@ -27,4 +30,4 @@ if [ "${1:-}" = "--extended" ] || [ "${1:-}" = "--medium" ]; then
       --warmup 1 --out results/benchmarks/benchmarks_bigvocab32
   $PY benchmarks/bench_fused_head.py
 fi
-echo "done: see results/benchmarks/, results/eepo_eps_study/, results/replication/ (prose: docs/RESULTS.md)"
+echo "done: see results/benchmarks/, results/eepo_eps_study/, results/replication*/ (prose: docs/RESULTS.md)"

@@ -75,6 +75,7 @@ def test_reduced_replication_grpo_beats_the_base(tmp_path, monkeypatch):
     assert grpo["avg@2"] > base["avg@2"], (base["avg@2"], grpo["avg@2"])
     page = (out / "README.md").read_text()
     assert "python benchmarks/replicate.py" in page and "| GRPO (TRL) |" in page
+    assert "(1 seed: [0];" in page and "None: a claim compares a method with GRPO" in page  # no empty claim table
     assert json.loads((out / "replication.json").read_text())["per_seed"]["grpo"][0]["greedy"] == grpo["greedy"]
     for png in ("training_curves.png", "pass_at_k.png", "accuracy_vs_temperature.png"):
         assert (out / png).stat().st_size > 10_000
