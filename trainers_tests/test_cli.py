@@ -169,6 +169,13 @@ def test_presample_and_evaluate_filter_prompt_length_with_the_models_tokenizer(t
               "--cache_dir", str(tmp_path / "cache"), "--output_dir", str(tmp_path / "test_split"),
               "--show_progress", "false"])
     assert load_from_disk(str(tmp_path / "test_split"))["prompt"] == test_want and 0 < len(test_want) < 30
+    # ... and prepared as the train split is (and as evaluate prepares it): here, with the system prompt
+    cli.main(["presample", "--split", "test", "--embedded_train_size", "40", "--embedded_test_size", "30",
+              "--embedded_seed", "3", "--system_prompt", "Answer briefly.", "--num_samples", "0",
+              "--cache_dir", str(tmp_path / "cache"), "--output_dir", str(tmp_path / "test_system"),
+              "--show_progress", "false"])
+    prompts = load_from_disk(str(tmp_path / "test_system"))["prompt"]
+    assert prompts == [[{"role": "system", "content": "Answer briefly."}, *p] for p in train["test"]["prompt"]]
 
     seen = {}
 

@@ -15,8 +15,6 @@ from ._validation import check_model_reference
 from .presample import PresampleConfig
 from .scripts import (
     TrainScriptArguments,
-    check_dataset_flags,
-    filter_prompt_length,
     get_reward_funcs,
     load_datasets,
     offline_reward_funcs,
@@ -69,15 +67,8 @@ def presample_main(argv: list[str]) -> None:
     script_args.dataset_test_split = "test"
     model = script_args.model_name_or_path or DEFAULT_MODEL_PATH
     tokenizer = prompt_length_tokenizer(script_args, model)
-    if script_args.split == "test":  # the embedded task's fixed test split (only it: the train split is not loaded)
-        from .default import load_default_dataset
-
-        check_dataset_flags(script_args)
-        train = load_default_dataset(script_args.embedded_train_size, script_args.embedded_test_size,
-                                     seed=script_args.embedded_seed)["test"]
-        if tokenizer is not None:
-            train = filter_prompt_length(train, tokenizer, script_args.filter_prompt_length,
-                                         config.chat_template_kwargs, "test")
+    if script_args.split == "test":  # the embedded task's fixed test split, prepared exactly as evaluate's
+        train = load_eval_dataset(script_args, tokenizer, config.chat_template_kwargs)
     else:
         train, _ = load_datasets(script_args, SimpleNamespace(eval_strategy="no",
                                                               chat_template_kwargs=config.chat_template_kwargs),
@@ -194,6 +185,8 @@ def evaluate_main(argv: list[str]) -> None:
 
         torch.set_num_threads(script_args.torch_threads)
     dataset = load_eval_dataset(script_args, prompt_length_tokenizer(script_args, models[0]))
+    if script_args.max_prompts:
+        dataset = dataset.select(range(min(script_args.max_prompts, len(dataset))))
     state = PartialState()
     accelerator = state if state.num_processes > 1 else None
     rewards = get_reward_funcs(script_args.reward_funcs)
@@ -229,15 +222,15 @@ def prompt_length_tokenizer(script_args, model: str):
     return AutoTokenizer.from_pretrained(model)
 
 
-def load_eval_dataset(script_args, tokenizer=None):
-    """The evaluation split: the embedded task's fixed test split, or ``dataset_test_split`` of the dataset;
-    ``tokenizer`` counts prompt tokens for ``--filter_prompt_length`` (the first of ``--models``)."""
-    _, test = load_datasets(script_args, SimpleNamespace(eval_strategy="steps"), tokenizer)
+def load_eval_dataset(script_args, tokenizer=None, chat_template_kwargs: dict | None = None):
+    """The evaluation split: the embedded task's fixed test split, or ``dataset_test_split`` of the dataset, with
+    the same columns, prompt templating and checks as the train split; ``tokenizer`` counts prompt tokens for
+    ``--filter_prompt_length`` (evaluate: the first of ``--models``)."""
+    _, test = load_datasets(script_args, SimpleNamespace(eval_strategy="steps",
+                                                         chat_template_kwargs=chat_template_kwargs), tokenizer)
     if test is None:
         raise ValueError(f"dataset {script_args.dataset_name!r} has no split {script_args.dataset_test_split!r}: set "
                          "--dataset_test_split")
-    if script_args.max_prompts:
-        test = test.select(range(min(script_args.max_prompts, len(test))))
     return test
 
 
