@@ -58,3 +58,43 @@ def test_accuracy_reward_is_fast():
     _parse_gold.cache_clear()
     accuracy_reward(["\\boxed{3}"] * 50, ["3"] * 50)
     assert _parse_gold.cache_info().misses == 1
+
+
+@pytest.mark.parametrize("text", [
+    "\\boxed{\\frac{1}{2}}",  # nested braces
+    "So x = 1/2. \\boxed{\\frac{1}{2}}",
+    "\\frac{a}{b} = 3, so \\boxed{7}",  # a command before the box
+    "Since \\sqrt{16} = 4 and \\frac{6}{2} = 3, \\boxed{\\sqrt{2}^{\\frac{1}{2}}}",
+    "The answer is $\\boxed{7}$",  # math delimiters around the box
+    "The answer is\n\\[\n\\boxed{\\{1, 2\\}}\n\\]",
+    [{"role": "assistant", "content": "\\boxed{\\dfrac{3}{4}}"}],
+])
+def test_format_reward_accepts_valid_latex(text):
+    assert format_reward([text]) == [1.0]
+
+
+@pytest.mark.parametrize("text", [
+    "\\boxed{\\frac{1}{2}",  # unbalanced
+    "\\boxed{\\frac{1}{2}}}",  # a brace the box does not open
+    "\\boxed{\\frac{1}{2}} \\boxed{3}",  # two boxes
+    "\\frac{1}{2} \\boxed{\\boxed{3}}",
+    "\\boxed{\\frac{1}{2}} then more text",
+    "\\boxed{ }",  # an empty answer (accuracy_reward scores it 0 too)
+    "$\\boxed{7}$ extra",
+    "\\boxed{7}\\frac{1}{2}",
+    None,
+])
+def test_format_reward_rejects(text):
+    assert format_reward([text]) == [0.0]
+
+
+@pytest.mark.parametrize("text,gold,expected", [
+    ("\\boxed{\\frac{1}{2}}", "\\frac{1}{2}", 1.0),
+    ("\\frac{2}{4} = \\boxed{\\frac{1}{2}}", "0.5", 1.0),
+    ("\\boxed{\\frac{1}{3}}", "\\frac{1}{2}", 0.0),
+    ("\\boxed{\\sqrt{\\frac{1}{4}}}", "\\frac{1}{2}", 1.0),
+    ("\\boxed{2^{\\frac{1}{2}}}", "\\sqrt{2}", 1.0),
+    ("\\boxed{\\frac{1}{2}}", "so $x=\\boxed{\\frac{1}{2}}$", 1.0),  # nested braces in a boxed gold
+])
+def test_accuracy_reward_nested_braces(text, gold, expected):
+    assert accuracy_reward([text], [gold]) == [expected]

@@ -585,12 +585,37 @@ def make_accuracy_reward(timeout_seconds: float | None = None, *, prescreen: boo
     return AccuracyReward(timeout_seconds, prescreen, name)
 
 
-_FORMAT = re.compile(r"^[^\\]*\\boxed\{[^{}]+\}\s*$", re.DOTALL)
+# Closing math delimiters allowed after the box: ``$\\boxed{7}$``, ``\\[ \\boxed{7} \\]``.
+_MATH_CLOSERS = ("$$", "$", "\\]", "\\)")
+
+
+def _well_formatted(text: str) -> bool:
+    """``text`` ends with its only ``\\boxed{...}``, balanced and not blank (see :func:`format_reward`).
+    Linear in the text."""
+    text = text.strip()
+    for closer in _MATH_CLOSERS:
+        if text.endswith(closer):
+            text = text[: -len(closer)].rstrip()
+            break
+    start = text.find("\\boxed")
+    if start < 0 or text.find("\\boxed", start + 1) >= 0 or not text.startswith(_BOXED, start):
+        return False
+    depth = 0
+    for m in _BRACE.finditer(text, start + len(_BOXED) - 1):
+        depth += 1 if m.group() == "{" else -1
+        if depth == 0:  # the box closes here: it must end the text and hold an answer
+            return m.end() == len(text) and bool(text[start + len(_BOXED) : m.start()].strip())
+    return False
 
 
 def format_reward(completions, **kwargs) -> list[float]:
-    """1.0 when a completion ends with exactly one ``\\boxed{...}`` answer (reasoning before it), else 0.0."""
-    return [1.0 if _FORMAT.match(completion_text(c).strip()) else 0.0 for c in completions]
+    """1.0 when a completion ends with exactly one ``\\boxed{...}`` answer (reasoning before it), else 0.0.
+
+    The answer may be any LaTeX with balanced braces (``\\boxed{\\frac{1}{2}}``), the reasoning any text or LaTeX
+    (``\\frac{a}{b}``), and the box may be closed by a math delimiter (``$``, ``$$``, ``\\]``, ``\\)``). Scores 0:
+    no box, a second ``\\boxed``, anything else after the box, an unbalanced box, a blank answer.
+    """
+    return [1.0 if _well_formatted(completion_text(c)) else 0.0 for c in completions]
 
 
 REWARD_FUNCS = {"accuracy_reward": accuracy_reward, "format_reward": format_reward}
