@@ -164,9 +164,9 @@ SMALL_METHOD_ARGS = {"erpo": {}, "eepo": {}, "dph": dict(num_presamples=2, pef_t
                      "apo": dict(num_generations=1, num_value_samples=2)}
 
 
-def small_trainer(method, tmp_path, dataset=None, reward_funcs=None, **overrides):
+def small_trainer(method, tmp_path, dataset=None, reward_funcs=None, trainer_kwargs=None, **overrides):
     """A ``method`` trainer on the tiny default with :func:`small_config` and the smallest offline pass (cached under
-    ``tmp_path``)."""
+    ``tmp_path``). ``trainer_kwargs``: more arguments of the trainer itself (``eval_dataset``, ``peft_config``...)."""
     from trl_variants import accuracy_reward
 
     trainer_cls, config_cls = TRAINERS[method]
@@ -175,7 +175,7 @@ def small_trainer(method, tmp_path, dataset=None, reward_funcs=None, **overrides
         kwargs.setdefault("presample_cache_dir", str(tmp_path / "cache"))
     return trainer_cls(model=DEFAULT_MODEL_PATH, reward_funcs=reward_funcs or accuracy_reward,
                        args=small_config(config_cls, tmp_path, **kwargs),
-                       train_dataset=dataset if dataset is not None else train_dataset(16))
+                       train_dataset=dataset if dataset is not None else train_dataset(16), **(trainer_kwargs or {}))
 
 
 def tiny_reward_model(path, seed: int = 0) -> str:

@@ -51,8 +51,10 @@ def test_gate_off_is_exactly_grpo(tmp_path, loss_type):
     assert_exactly_grpo(grpo, eepo, inputs)
 
 
-def test_rollout_restores_weights_and_stage2_old_logps_come_from_unlearned_weights(tmp_path):
-    eepo = _eepo(tmp_path, unlearning_lr=0.5)  # a large step so the effect is far above float noise
+@pytest.mark.parametrize("group", [4, 3])  # an odd G splits ceil(G/2) stage 1 + floor(G/2) stage 2
+def test_rollout_restores_weights_and_stage2_old_logps_come_from_unlearned_weights(tmp_path, group):
+    # a large step so the effect is far above float noise
+    eepo = _eepo(tmp_path, unlearning_lr=0.5, num_generations=group, per_device_train_batch_size=2 * group)
     model = eepo.model
     model.train()
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
@@ -68,9 +70,10 @@ def test_rollout_restores_weights_and_stage2_old_logps_come_from_unlearned_weigh
         assert p.grad is None, n
 
     # 2. the same step, recomputed independently: plain forward, the paper's loss, one SGD step on a copy
-    G, half = eepo.num_generations, eepo.num_generations // 2
+    G, half = eepo.num_generations, (eepo.num_generations + 1) // 2
     s1 = [i for i in range(len(prompts)) if i % G < half]
     s2 = [i for i in range(len(prompts)) if i % G >= half]
+    assert eepo._pending_stage2 == s2 and len(s1) == 2 * half
     logps1 = _plain_logps(frozen, [prompts[i] for i in s1], [completions[i] for i in s1])
     width = max(len(x) for x in logps1)
     padded = torch.stack([torch.nn.functional.pad(x, (0, width - len(x))) for x in logps1])
@@ -158,8 +161,7 @@ def test_gate_follows_moving_average(tmp_path):
 
 def test_config_validation():
     common = dict(output_dir="x", use_cpu=True, bf16=False)
-    with pytest.raises(ValueError, match="must be even"):
-        EEPOConfig(num_generations=3, per_device_train_batch_size=6, **common)
+    EEPOConfig(num_generations=3, per_device_train_batch_size=6, **common)  # odd G: split 2 + 1 (was refused)
     with pytest.raises(ValueError, match="6 \\* 1 = 6 is not a multiple of num_generations = 4"):
         check_whole_groups(6, 1, 4)  # e.g. 2 processes sharing a generation batch of 12 rows
     check_whole_groups(6, 2, 4)

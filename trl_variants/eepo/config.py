@@ -24,11 +24,13 @@ def check_whole_groups(per_device_train_batch_size: int, steps_per_generation: i
 @dataclass
 class EEPOConfig(GRPOConfig):
     r"""
-    Configuration for [`EEPOTrainer`]: GRPO with two-stage sample-then-forget rollouts (ALGORITHMS.md, EEPO;
-    "EEPO: Exploration-Enhanced Policy Optimization", Sec. 3, Algorithm 1).
+    Configuration for [`EEPOTrainer`]: GRPO with two-stage sample-then-forget rollouts ("EEPO: Exploration-Enhanced
+    Policy Optimization via Sample-Then-Forget", arXiv 2510.05837, Sec. 3, Algorithm 1; equations and defaults in
+    docs/algorithms.md).
 
     Every [`~trl.GRPOConfig`] field applies. Paper defaults: ``entropy_threshold`` (alpha) 0.3, ``entropy_window``
-    (m) 3, ``unlearning_lr`` (eta) 3e-3, 8 rollouts (4 per stage). The paper gives no values for the probability clip
+    (m) 3, ``unlearning_lr`` (eta) 3e-3, 8 rollouts (4 per stage; an odd G gives stage 1 the larger half, e.g.
+    2 + 1 for G = 3). The paper gives no values for the probability clip
     ``[eps_L, 1 - eps_R]``; the defaults here (``unlearning_eps_low = 1e-6``, ``unlearning_eps_high = 1e-3``) are
     chosen on evidence, see docs/eepo.md: a large ``eps_R`` zeroes the gradient of exactly the dominant tokens the step
     exists to suppress (the paper defines the clip only "for numerical stability as pi_rollout -> 1", eq. 8). Even
@@ -60,13 +62,10 @@ class EEPOConfig(GRPOConfig):
     unlearning_eps_high: float = field(default=1e-3, metadata={"help": "eps_R: p is clipped to at most 1 - eps_R."})
 
     def __post_init__(self):
-        check_common(self)  # options TRL accepts but that fail after the model load (issue #16)
+        check_common(self)  # options TRL accepts but that fail after the model load
         super().__post_init__()
         if self.entropy_gate not in ("auto", "always", "never"):
             raise ValueError(f"entropy_gate must be 'auto', 'always' or 'never', got {self.entropy_gate!r}")
-        if self.num_generations % 2:
-            raise ValueError(f"EEPO samples G/2 completions per stage: num_generations must be even, got "
-                             f"{self.num_generations}")
         check_whole_groups(self.per_device_train_batch_size, self.steps_per_generation, self.num_generations)
         if self.entropy_window < 1:
             raise ValueError(f"entropy_window must be >= 1, got {self.entropy_window}")

@@ -2,11 +2,11 @@
 
 For each group of G completions, inside GRPO's generation step (``_generate_single_turn``):
 
-1. sample G/2 completions per prompt from the rollout model (= current policy);
+1. sample ceil(G/2) completions per prompt from the rollout model (= current policy);
 2. measure their mean token entropy H_t; H_bar = mean of the last m values (eq. 4-5);
 3. if H_bar < alpha: ONE plain gradient step (lr eta, no momentum) on the rollout weights that lowers the probability
    of the stage-1 tokens, minimising ``mean_seq mean_tok -log(1 - clip(p, eps_L, 1 - eps_R))`` (eq. 7-11);
-4. sample the other G/2 completions from the updated rollout model, and score them under it (their old log-probs;
+4. sample the other floor(G/2) completions from the updated rollout model, and score them under it (their old log-probs;
    on rollouts that will be logged, stage 1 is re-scored in the same forward to report how much the step lowered it);
 5. restore the weights bit for bit; then GRPO's update on all G completions as usual, each row's old log-probs (and,
    with vLLM, its sampler/trainer importance-sampling correction) taken against the weights that sampled it.
@@ -74,13 +74,15 @@ class EEPOTrainer(CheckpointStateMixin, ModelCardMixin, FiniteLossMixin, GRPOTra
                                                  has_tool_images)
         if images is not None or multimodal_fields:
             raise ValueError("EEPOTrainer supports text-only models")
-        G, half = self.num_generations, self.num_generations // 2
-        stage1 = [i for i in range(len(prompt_ids)) if i % G < half]
-        stage2 = [i for i in range(len(prompt_ids)) if i % G >= half]
+        G = self.num_generations
+        k1 = (G + 1) // 2  # stage 1 takes the larger half when G is odd (it also feeds the entropy gate)
+        k2 = G - k1
+        stage1 = [i for i in range(len(prompt_ids)) if i % G < k1]
+        stage2 = [i for i in range(len(prompt_ids)) if i % G >= k1]
         p1, p2 = [prompt_ids[i] for i in stage1], [prompt_ids[i] for i in stage2]
 
-        # 1. stage 1 from the current policy
-        c1, lp1 = super()._generate_single_turn(p1, None, {}, half)
+        # 1. stage 1 from the current policy (k1 consecutive copies of each prompt, as vLLM server mode expects)
+        c1, lp1 = super()._generate_single_turn(p1, None, {}, k1)
         model = self.accelerator.unwrap_model(self.model)
         # 2. entropy gate (one forward with grad: its log-probs also feed the unlearning loss)
         with torch.enable_grad():
@@ -94,7 +96,7 @@ class EEPOTrainer(CheckpointStateMixin, ModelCardMixin, FiniteLossMixin, GRPOTra
         metrics["eepo/entropy_moving_avg"].append(h_bar)
         metrics["eepo/gate"].append(float(unlearn))
         if not unlearn:
-            c2, lp2 = super()._generate_single_turn(p2, None, {}, half)
+            c2, lp2 = super()._generate_single_turn(p2, None, {}, k2)
             return self._interleave(stage1, stage2, c1, c2, lp1, lp2)
 
         # 3. one plain gradient step on the rollout weights, lowering p(stage-1 tokens): the gradient of the loss
@@ -119,7 +121,7 @@ class EEPOTrainer(CheckpointStateMixin, ModelCardMixin, FiniteLossMixin, GRPOTra
             self._sync_vllm()
             # 4. stage 2 from the unlearned rollout model, scored under it (its old log-probs and entropy); on
             #    rollouts that will be logged the same forward also re-scores stage 1 (how much the step lowered it)
-            c2, lp2 = super()._generate_single_turn(p2, None, {}, half)
+            c2, lp2 = super()._generate_single_turn(p2, None, {}, k2)
             measure_drop = self._rollout_is_logged()
             rescored_p, rescored_c = (p2 + p1, c2 + c1) if measure_drop else (p2, c2)
             with torch.no_grad():
