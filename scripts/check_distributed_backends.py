@@ -1,4 +1,4 @@
-"""Every trainer on 2 processes under each shipped Accelerate backend config, compared with plain DDP (issue #13).
+"""Every trainer on 2 processes under each shipped Accelerate backend config, compared with plain DDP.
 
     python scripts/check_distributed_backends.py [--trainers erpo eepo dph apo] [--backends zero2 zero3 fsdp2]
 

@@ -1,4 +1,4 @@
-"""Resolve ``pip install trl-variants[<extra>]`` for no extra and for each extra, as a user's pip would (issue #14).
+"""Resolve ``pip install trl-variants[<extra>]`` for no extra and for each extra, as a user's pip would.
 
     python scripts/check_install.py [--targets "" vllm deepspeed plots dev vllm,deepspeed] [--machine-pip-config]
 

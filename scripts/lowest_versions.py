@@ -1,4 +1,4 @@
-"""Build a venv at the lowest versions pyproject.toml allows and run the config tests there (issue #14).
+"""Build a venv at the lowest versions pyproject.toml allows and run the config tests there.
 
     python scripts/lowest_versions.py                        # the lower bounds: results/install/lowest.md
     python scripts/lowest_versions.py --name vllm_set --pins-from results/install/vllm.txt

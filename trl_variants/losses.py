@@ -1,7 +1,9 @@
 """The algorithms' math as small pure functions on tensors (no trainer state, no I/O).
 
 Each function is named after what it computes and cites the equation it implements. The trainers call these; they
-are also public API. Equation numbers refer to the papers in ``shared/papers`` as summarised in ALGORITHMS.md.
+are also public API. Equation, section and table numbers are the papers' own (ERPO: the anonymous preprint "Beyond
+the Stability-Exploration Dilemma"; EEPO: arXiv 2510.05837; DPH-RL: arXiv 2509.07430; A*-PO: arXiv 2505.20686);
+docs/algorithms.md writes every equation out with its defaults.
 """
 
 from __future__ import annotations

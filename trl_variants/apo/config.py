@@ -49,8 +49,8 @@ def check_unused_grpo_options(config) -> None:
 @dataclass
 class APOConfig(GRPOConfig):
     r"""
-    Configuration for [`APOTrainer`]: A*-PO (ALGORITHMS.md, A*-PO; "Accelerating RL for LLM Reasoning with Optimal
-    Advantage Regression", arXiv 2505.20686).
+    Configuration for [`APOTrainer`]: A*-PO ("Accelerating RL for LLM Reasoning with Optimal Advantage Regression",
+    arXiv 2505.20686, Sec. 3, App. A.5; equations and defaults in docs/algorithms.md).
 
     Stage 1 (offline, cached): ``num_value_samples`` (N = 8) reference samples per prompt and
     ``V_hat(x) = beta1 log mean exp(r / beta1)`` with ``value_beta`` (beta1 = 0.5). Stage 2: ONE completion per prompt
@@ -83,7 +83,7 @@ class APOConfig(GRPOConfig):
         default=64, metadata={"help": "Sequences per generate call in stage 1 (fixed layout)."})
 
     def __post_init__(self):
-        check_common(self)  # options TRL accepts but that fail after the model load (issue #16)
+        check_common(self)  # options TRL accepts but that fail after the model load
         check_unused_grpo_options(self)
         if self.num_generations is None or self.num_generations < 1:
             raise ValueError(f"num_generations must be >= 1 (A*-PO samples one completion per prompt), got "

@@ -13,8 +13,9 @@ from ..losses import DIVERGENCES
 @dataclass
 class DPHConfig(GRPOConfig):
     r"""
-    Configuration for [`DPHTrainer`]: DPH-RL (ALGORITHMS.md, DPH-RL; "The Choice of Divergence: A Neglected Key to
-    Mitigating Diversity Collapse in Reinforcement Learning with Verifiable Reward", Sec. 4, App. C, F, G).
+    Configuration for [`DPHTrainer`]: DPH-RL ("The Choice of Divergence: A Neglected Key to Mitigating Diversity
+    Collapse in Reinforcement Learning with Verifiable Reward", arXiv 2509.07430, Sec. 4, App. C, F, G; equations and
+    defaults in docs/algorithms.md).
 
     GRPO without KL on the exploration prompts D_exp, plus ``eta`` times a mass-covering f-divergence (generator
     form) on stored reference completions of the near-perfect prompts D_pef. Defaults: JS with ``eta = 0.2``
@@ -87,7 +88,7 @@ class DPHConfig(GRPOConfig):
                                                                 "choices": ["generator", "definition"]})
 
     def __post_init__(self):
-        check_common(self)  # options TRL accepts but that fail after the model load (issue #16)
+        check_common(self)  # options TRL accepts but that fail after the model load
         super().__post_init__()
         if self.divergence not in DIVERGENCES:
             raise ValueError(f"divergence must be one of {DIVERGENCES}, got {self.divergence!r}")

@@ -12,8 +12,9 @@ from .._validation import check_common
 @dataclass
 class ERPOConfig(GRPOConfig):
     r"""
-    Configuration for [`ERPOTrainer`]: GRPO plus ERPO's query-weighted advantages and Query-KL (ALGORITHMS.md, ERPO;
-    "Beyond the Stability-Exploration Dilemma: Environmental Regularization for LLM Policy Optimization", Sec. 4).
+    Configuration for [`ERPOTrainer`]: GRPO plus ERPO's query-weighted advantages and Query-KL ("Beyond the
+    Stability-Exploration Dilemma: Environmental Regularization for LLM Policy Optimization", an anonymous preprint
+    without arXiv id, Sec. 4; equations and defaults in docs/algorithms.md).
 
     Every [`~trl.GRPOConfig`] field applies. Defaults follow the paper: Query-KL coefficient ``alpha = 0.01`` with the
     k3 estimator, policy KL ``beta = 0`` (Query-KL replaces it), temperature 1.0, 8 rollouts per prompt. With
@@ -33,7 +34,8 @@ class ERPOConfig(GRPOConfig):
             ``alpha``: coefficient of the Query-KL term ``alpha * mean_s k(l_ref(s) - l_theta(s))`` (eq. 10-11).
             ``0`` disables it (paper ablation "GRPO + w(s)").
         query_kl_estimator (`str`, defaults to `"k3"`):
-            ``"k3"``: ``exp(d) - d - 1`` (clamped as in ALGORITHMS.md); ``"k1"``: ``-d`` (eq. 11 literally).
+            ``"k3"``: ``exp(d) - d - 1`` (``d`` clamped to [-20, 20], the result to at most 10); ``"k1"``:
+            ``-d`` (eq. 11 literally).
         ref_prompt_logp_column (`str`, defaults to `"ref_prompt_logp"`):
             Dataset column holding ``l_ref(s)``. When absent, the trainer computes it once before training from the
             model it was given (the frozen starting policy); ``trl-variants presample`` can precompute it.
@@ -62,7 +64,7 @@ class ERPOConfig(GRPOConfig):
     reference_batch_size: int = field(default=8, metadata={"help": "Prompts per forward in the reference pass."})
 
     def __post_init__(self):
-        check_common(self)  # options TRL accepts but that fail after the model load (issue #16)
+        check_common(self)  # options TRL accepts but that fail after the model load
         super().__post_init__()
         if self.query_weight_source not in ("policy", "reference"):
             raise ValueError(
