@@ -192,3 +192,123 @@ def test_presample_and_evaluate_filter_prompt_length_with_the_models_tokenizer(t
                   "--filter_prompt_length", str(limit), "--output_dir", str(tmp_path / "eval")])
     test_want = [p for p in train["test"]["prompt"] if n_tokens(p) <= limit]
     assert seen["prompts"] == test_want and 0 < len(test_want) < 30
+
+
+# --- CLI edges: python -m, unknown commands, per-command help, held-out defaults, the cache ---------------------------
+
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
+
+
+def test_python_m_trl_variants_runs_the_cli():
+    import os
+    import subprocess
+
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONWARNINGS="ignore")
+    proc = subprocess.run([sys.executable, "-m", "trl_variants", "--help"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "trl-variants COMMAND --help" in proc.stdout and all(f"  {name} " in proc.stdout for name in cli.COMMANDS)
+    proc = subprocess.run([sys.executable, "-m", "trl_variants", "nope"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 2 and "unknown command 'nope'" in proc.stderr
+
+
+@pytest.mark.parametrize("argv,named", [(["foo"], "unknown command 'foo'"), (["presampel", "--help"],
+                                                                             "unknown command 'presampel'"),
+                                        (["--config", "x.yaml"], "'--config'")])
+def test_unknown_command_is_named(capsys, argv, named):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert named in err and "choose one of: " + ", ".join(cli.COMMANDS) in err
+
+
+@pytest.mark.parametrize("command", list(PARSED))
+def test_help_lists_only_the_flags_the_command_uses(capsys, command):
+    flags = _flag_help(_help(capsys, [command, "--help"]))
+    assert not [f for f in flags if f.startswith("--heldout")], f"{command} --help lists training-only flags"
+
+
+class _FakeTrainer:
+    def __init__(self, **kwargs):
+        self.callbacks = []
+
+    def add_callback(self, callback):
+        self.callbacks.append(callback)
+
+
+def _run_example(monkeypatch, argv):
+    """``examples/train_erpo.py ARGV`` up to the trainer (nothing loads or trains)."""
+    from trl_variants import ERPOConfig, scripts
+
+    monkeypatch.setattr(scripts, "trainer_kwargs", lambda *a: {})
+    monkeypatch.setattr(scripts, "train_and_save", lambda *a: None)
+    return scripts.run_training(_FakeTrainer, ERPOConfig, ROOT / "configs" / "erpo" / "tiny_cpu.yaml", argv=argv)
+
+
+def test_example_with_another_dataset_drops_the_default_yamls_heldout_settings(monkeypatch, capsys, tmp_path):
+    # the user never passed --heldout_eval_steps: it comes from the example's default YAML, made for the embedded task
+    trainer = _run_example(monkeypatch, ["--dataset_name", "org/data", "--output_dir", str(tmp_path)])
+    assert trainer.callbacks == []
+    out = capsys.readouterr().out
+    assert "held-out evaluation off" in out and "configs/erpo/tiny_cpu.yaml" in out and "'org/data'" in out
+
+
+def test_example_heldout_error_names_where_the_setting_came_from(monkeypatch, tmp_path):
+    with pytest.raises(ValueError, match=r"--heldout_eval_steps 10 \(command line\) evaluates on the embedded task.*"
+                                         r"'org/data'.*drop --heldout_eval_steps"):
+        _run_example(monkeypatch, ["--dataset_name", "org/data", "--heldout_eval_steps", "10",
+                                   "--output_dir", str(tmp_path)])
+    own = tmp_path / "mine.yaml"
+    own.write_text("dataset_name: org/data\nheldout_eval_steps: 5\nuse_cpu: true\n")
+    with pytest.raises(ValueError, match=rf"heldout_eval_steps: 5 \(in {own}\).*remove it from {own} or pass "
+                                         r"--heldout_eval_steps 0"):
+        _run_example(monkeypatch, ["--config", str(own), "--output_dir", str(tmp_path)])
+
+
+def _cache_entry(root, key, complete=True, shards=2, done=1):
+    import json
+
+    entry = root / key
+    entry.mkdir(parents=True)
+    (entry / "options.json").write_text(json.dumps({"key": key, "options": {"num_samples": 4}, "rows": 10,
+                                                    "shards": shards}))
+    for s in range(done):
+        (entry / f"shard-{s:06d}.json").write_text("{}")
+    if complete:
+        (entry / "dataset").mkdir()
+        (entry / "dataset" / "state.json").write_text("{}")
+    return entry
+
+
+def test_cache_list_and_clear(tmp_path, capsys, monkeypatch):
+    """``trl-variants cache list`` shows the offline-pass cache entries (made by a real pass here);
+    ``cache clear`` removes entries only with --yes (or a yes at the prompt) and never anything that is not one."""
+    cache = tmp_path / "cache"
+    cli.main(["presample", "--embedded_train_size", "4", "--num_samples", "0", "--cache_dir", str(cache),
+              "--output_dir", str(tmp_path / "out"), "--show_progress", "false"])
+    (real,) = [p.name for p in cache.iterdir()]
+    partial = _cache_entry(cache, "0123456789abcdef0123", complete=False, shards=3, done=1)
+    (cache / "my_notes").mkdir()  # not a cache entry: never listed nor removed
+    capsys.readouterr()
+    cli.main(["cache", "list", "--cache_dir", str(cache)])
+    out = capsys.readouterr().out
+    assert str(cache) in out and "2 entries" in out and real in out and partial.name in out
+    assert "complete" in out and "1/3 shards" in out and "my_notes" not in out
+    assert "trl_variants/default" in out  # the model that made the complete entry (the tiny default's path)
+    # the default location: $TRL_VARIANTS_CACHE
+    monkeypatch.setenv("TRL_VARIANTS_CACHE", str(cache))
+    cli.main(["cache", "list"])
+    assert real in capsys.readouterr().out
+
+    monkeypatch.setattr(sys, "stdin", __import__("io").StringIO(""))  # not a terminal: no prompt, nothing removed
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["cache", "clear", "--cache_dir", str(cache)])
+    assert exit_info.value.code == 1 and "--yes" in capsys.readouterr().err
+    assert (cache / real).is_dir() and partial.is_dir()
+    cli.main(["cache", "clear", "--cache_dir", str(cache), "--yes", partial.name])  # one entry by its key
+    assert not partial.exists() and (cache / real).is_dir()
+    cli.main(["cache", "clear", "--yes"])  # all of them, in $TRL_VARIANTS_CACHE
+    assert sorted(p.name for p in cache.iterdir()) == ["my_notes"]
+    assert "removed 1 entry" in capsys.readouterr().out

@@ -28,9 +28,10 @@ TRL_REWARD_FUNCS = ("reasoning_accuracy_reward", "think_format_reward", "get_sof
 
 
 @dataclass
-class TrainScriptArguments(ScriptArguments, DatasetMixtureConfig):
-    """Dataset and reward options of the example scripts: TRL's ``grpo.py`` script arguments (``ScriptArguments``,
-    ``reward_model_name_or_path``, ``reward_funcs``) and dataset mixtures (``DatasetMixtureConfig``), plus ours.
+class DataScriptArguments(ScriptArguments, DatasetMixtureConfig):
+    """Dataset and reward options shared by the example scripts and ``trl-variants presample`` / ``evaluate``: TRL's
+    ``grpo.py`` script arguments (``ScriptArguments``, ``reward_model_name_or_path``, ``reward_funcs``) and dataset
+    mixtures (``DatasetMixtureConfig``), plus ours. The training-only options are :class:`TrainScriptArguments`'.
 
     ``dataset_name``: a Hub id or local path loaded with ``datasets.load_dataset`` (``load_from_disk`` for a saved
     dataset directory, e.g. the output of ``trl-variants presample``), or ``"embedded"`` for the shipped synthetic
@@ -97,13 +98,6 @@ class TrainScriptArguments(ScriptArguments, DatasetMixtureConfig):
     torch_threads: int | None = field(
         default=None, metadata={"help": "torch.set_num_threads for CPU runs (default: torch's choice)."}
     )
-    heldout_eval_steps: int = field(
-        default=0,
-        metadata={"help": "Embedded task only: held-out accuracy (greedy and avg@k at the training temperature, on "
-                          "the test split) before training, every N steps and at the end; prints base vs trained and "
-                          "writes heldout.json and heldout_curves.png to output_dir. 0: off."},
-    )
-    heldout_k: int = field(default=4, metadata={"help": "Samples per held-out prompt for avg@k."})
 
     def __post_init__(self):
         super().__post_init__()  # DatasetMixtureConfig: YAML dicts -> DatasetConfig
@@ -127,14 +121,36 @@ class TrainScriptArguments(ScriptArguments, DatasetMixtureConfig):
                              f"{self.filter_prompt_length}")
 
 
+@dataclass
+class TrainScriptArguments(DataScriptArguments):
+    """The example scripts' options: :class:`DataScriptArguments` and the held-out evaluation during training."""
+
+    heldout_eval_steps: int = field(
+        default=0,
+        metadata={"help": "Embedded task only: held-out accuracy (greedy and avg@k at the training temperature, on "
+                          "the test split) before training, every N steps and at the end; prints base vs trained and "
+                          "writes heldout.json and heldout_curves.png to output_dir. 0: off. With other data it is "
+                          "an error when set on the command line or in your --config YAML; the example's own default "
+                          "YAML (used when no --config is given) sets it for the embedded task only, and it is "
+                          "turned off, with a note, when --dataset_name / --datasets name other data."},
+    )
+    heldout_k: int = field(default=4, metadata={"help": "Samples per held-out prompt for avg@k."})
+
+
 def parse_args(config_cls, default_config: str | Path | None = None, argv: list[str] | None = None):
     """``(script_args, training_args, model_args)`` from the command line; ``default_config`` is used as
-    ``--config`` when none is given (so an example runs with no arguments)."""
+    ``--config`` when none is given (so an example runs with no arguments). The held-out evaluation of the default
+    YAML (``heldout_eval_steps``, made for the embedded task) applies only to the embedded task: with other data it
+    is turned off here, with a note. Set anywhere else (a flag, the user's own YAML) with other data, it is refused by
+    :func:`run_training` (:func:`check_heldout_flags`, naming where it was set)."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    origin = heldout_origin(argv, default_config)
     if default_config is not None and "--config" not in argv:
         argv = ["--config", str(default_config), *argv]
     parser = TrlParser((TrainScriptArguments, config_cls, ModelConfig))
     script_args, training_args, model_args = parser.parse_args_and_config(args=argv)
+    if origin.startswith("default config "):
+        check_heldout_flags(script_args, origin)
     if script_args.torch_threads:
         import torch
 
@@ -440,8 +456,9 @@ def trainer_kwargs(script_args: TrainScriptArguments, training_args, model_args:
 def run_training(trainer_cls, config_cls, default_config: str | Path | None = None, argv: list[str] | None = None):
     """What every ``examples/train_<algorithm>.py`` does, top to bottom: parse (YAML + flags), check every flag, load
     the data and rewards, build the trainer, train, save, push."""
+    argv = list(sys.argv[1:] if argv is None else argv)
     script_args, training_args, model_args = parse_args(config_cls, default_config=default_config, argv=argv)
-    check_heldout_flags(script_args)
+    check_heldout_flags(script_args, heldout_origin(argv, default_config))
     trainer = trainer_cls(**trainer_kwargs(script_args, training_args, model_args))
     if script_args.heldout_eval_steps:
         from .evaluate import HeldOutCallback
@@ -453,14 +470,43 @@ def run_training(trainer_cls, config_cls, default_config: str | Path | None = No
     return trainer
 
 
-def check_heldout_flags(script_args: TrainScriptArguments) -> None:
-    if script_args.heldout_eval_steps < 0 or script_args.heldout_k < 1:
-        raise ValueError(f"--heldout_eval_steps must be >= 0 (got {script_args.heldout_eval_steps}) and --heldout_k "
-                         f">= 1 (got {script_args.heldout_k})")
-    if script_args.heldout_eval_steps and not uses_embedded(script_args):
-        raise ValueError("--heldout_eval_steps evaluates on the embedded task's test split, but the data is "
-                         f"{script_args.dataset_name or script_args.datasets!r}: drop --heldout_eval_steps and "
-                         "evaluate with `trl-variants evaluate` (or a PassAtKCallback) on your own held-out split")
+def heldout_origin(argv: list[str], default_config: str | Path | None = None) -> str:
+    """Where ``heldout_eval_steps`` comes from for the command line ``argv`` of a script whose default YAML is
+    ``default_config``: ``"command line"``, ``"config FILE"`` (the user's ``--config``), ``"default config FILE"``
+    (the script's own YAML, which the user did not name) or ``"default"`` (0, off)."""
+    if any(a == "--heldout_eval_steps" or a.startswith("--heldout_eval_steps=") for a in argv):
+        return "command line"
+    if "--config" in argv and argv.index("--config") + 1 < len(argv):
+        return "config " + argv[argv.index("--config") + 1]
+    return "default" if default_config is None else f"default config {default_config}"
+
+
+def check_heldout_flags(script_args: TrainScriptArguments, origin: str = "command line") -> None:
+    """Refuse held-out settings that cannot run, naming where they were set (``origin``, see
+    :func:`heldout_origin`). The example's default YAML's held-out evaluation with data other than the embedded
+    task is turned off (with a note) rather than refused: the user never asked for it."""
+    steps = script_args.heldout_eval_steps
+    if steps < 0 or script_args.heldout_k < 1:
+        raise ValueError(f"--heldout_eval_steps must be >= 0 (got {steps}) and --heldout_k >= 1 (got "
+                         f"{script_args.heldout_k})")
+    if not steps or uses_embedded(script_args):
+        return
+    data = (repr(script_args.dataset_name) if not script_args.datasets
+            else "a mixture of " + ", ".join(repr(d.path) for d in script_args.datasets))
+    why = f"evaluates on the embedded task's test split, but the data is {data}"
+    own_split = "evaluate with `trl-variants evaluate` (or a PassAtKCallback) on your own held-out split"
+    if origin.startswith("default config "):
+        path = origin.removeprefix("default config ")
+        print(f"held-out evaluation off: heldout_eval_steps: {steps} (in {path}, this example's default YAML) {why}; "
+              f"{own_split}")
+        script_args.heldout_eval_steps = 0
+    elif origin.startswith("config "):
+        path = origin.removeprefix("config ")
+        raise ValueError(f"heldout_eval_steps: {steps} (in {path}) {why}: remove it from {path} or pass "
+                         f"--heldout_eval_steps 0, and {own_split}")
+    else:
+        raise ValueError(f"--heldout_eval_steps {steps} (command line) {why}: drop --heldout_eval_steps and "
+                         f"{own_split}")
 
 
 def train_and_save(trainer, training_args, script_args):
