@@ -1,4 +1,4 @@
-"""Input checks that fire before any model loads (issue #16: "nothing silent, nothing lost, nothing hangs").
+"""Input checks that fire before any model loads ("nothing silent, nothing lost, nothing hangs").
 
 Every function raises a ``ValueError`` naming the field, column, rows or path, and the fix. They are cheap: they
 read dataset columns and config values, never a model. ``docs/reliability.md`` ("Validated inputs") lists them.
@@ -9,7 +9,6 @@ on every call, through :class:`CheckedReward`, which the trainers wrap around th
 from __future__ import annotations
 
 import functools
-import inspect
 import math
 import os
 from pathlib import Path
@@ -169,7 +168,7 @@ def check_presampled_columns(dataset, needed, trainer_name: str, option: str) ->
     trainer: name the missing columns and the ``trl-variants presample`` option that makes them."""
     from .presample.config import COLUMNS
 
-    columns = dataset.column_names
+    columns = getattr(dataset, "column_names", None) or []  # a stream of unknown features: checked once read
     present = [c for c in COLUMNS if c in columns]
     missing = [c for c in needed if c not in columns]
     if present and missing:
@@ -233,9 +232,6 @@ def reward_values(values, func, n: int) -> list[float]:
     advantages become NaN) is refused here, naming the function, the completion index, the value and its type.
     Shared by the trainers (:class:`CheckedReward`) and the offline pass (``presample.reward_calls``)."""
     name = _reward_func_name(func)
-    if inspect.isawaitable(values):
-        raise TypeError(f"reward function {name!r} is async: the offline pass calls reward functions synchronously. "
-                        "Pass a synchronous version of it (e.g. one that calls asyncio.run)")
     if isinstance(values, str | bytes | dict) or not hasattr(values, "__len__") or getattr(values, "ndim", 1) != 1:
         raise TypeError(f"reward function {name!r} returned {_shown(values)} ({type(values).__name__}) for {n} "
                         f"completions: {REWARD_FIX}")
