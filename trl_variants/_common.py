@@ -120,9 +120,35 @@ class OfflinePassLogMixin:
                               **{f"offline_pass/{k}": float(v) for k, v in numbers.items()}}
 
     def log(self, logs, start_time=None):
+        # in place, after the caller's keys: ``evaluate`` returns the dict it logs, and GRPOTrainer tells an eval log
+        # by its first key ("eval_...") and adds its eval metrics to that same dict
         if self._offline_logs:
-            logs, self._offline_logs = {**self._offline_logs, **logs}, None
+            logs.update(self._offline_logs)
+            self._offline_logs = None
         return super().log(logs, start_time)
+
+
+class EvalDatasetMixin:
+    """Per-prompt columns a trainer's loss reads (a reference quantity), added to every evaluation dataset: those
+    given at construction (:meth:`prepare_eval_datasets`, called in ``__init__``) and those passed later to
+    ``evaluate(eval_dataset=...)``, a dict of them included. Mix in before ``GRPOTrainer``; the trainer defines
+    :meth:`_with_eval_columns` (one dataset in, the same rows with the columns out)."""
+
+    def _with_eval_columns(self, dataset):
+        raise NotImplementedError
+
+    def _eval_datasets_with_columns(self, datasets):
+        if datasets is None or isinstance(datasets, str):  # a str names one of self.eval_dataset's, already done
+            return datasets
+        if isinstance(datasets, dict):
+            return {name: self._with_eval_columns(d) for name, d in datasets.items()}
+        return self._with_eval_columns(datasets)
+
+    def prepare_eval_datasets(self) -> None:
+        self.eval_dataset = self._eval_datasets_with_columns(self.eval_dataset)
+
+    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval"):
+        return super().evaluate(self._eval_datasets_with_columns(eval_dataset), ignore_keys, metric_key_prefix)
 
 
 class FiniteLossMixin:

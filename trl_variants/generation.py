@@ -91,14 +91,16 @@ def generate_completions(
     sampling = dict(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p or None) if do_sample else {}
     kwargs = dict(max_new_tokens=max_new_tokens, do_sample=do_sample, repetition_penalty=repetition_penalty,
                   pad_token_id=tokenizer.pad_token_id, eos_token_id=eos, **sampling)
-    config = GenerationConfig(**{**kwargs, **(generation_kwargs or {})}, num_return_sequences=num_samples)
+    # each prompt repeated num_samples times as rows of its own, one sequence per row (as GRPOTrainer generates):
+    # the same batch transformers builds for num_return_sequences, and valid under beam search (num_beams < samples)
+    config = GenerationConfig(**{**kwargs, **(generation_kwargs or {})}, num_return_sequences=1)
     per_call = max(1, batch_size // num_samples)
     was_training = model.training
     model.eval()
     out: list[list[list[int]]] = []
     try:
         for start in range(0, len(prompt_ids), per_call):
-            chunk = [list(p) for p in prompt_ids[start : start + per_call]]
+            chunk = [list(p) for p in prompt_ids[start : start + per_call] for _ in range(num_samples)]
             width = max(len(p) for p in chunk)
             ids = torch.full((len(chunk), width), tokenizer.pad_token_id, dtype=torch.long)
             mask = torch.zeros((len(chunk), width), dtype=torch.long)
@@ -110,10 +112,10 @@ def generate_completions(
             gen = model.generate(
                 input_ids=ids.to(device), attention_mask=mask.to(device), generation_config=config, synced_gpus=False
             )[:, width:].tolist()
-            for i in range(len(chunk)):
+            for i in range(len(chunk) // num_samples):
                 out.append([truncate_after_eos(g, eos) for g in gen[i * num_samples : (i + 1) * num_samples]])
             if progress is not None:
-                progress(len(chunk))
+                progress(len(chunk) // num_samples)
     finally:
         model.train(was_training)
     return out

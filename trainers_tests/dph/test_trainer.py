@@ -103,7 +103,8 @@ def test_uses_presampled_dataset_without_generating(tmp_path, monkeypatch):
 def test_config_validation():
     common = dict(output_dir="x", use_cpu=True, bf16=False)
     with pytest.raises(ValueError, match="beta must be 0"):
-        DPHConfig(beta=0.04, **common)
+        DPHConfig(beta=0.04, divergence_form="definition", **common)
+    assert DPHConfig(beta=0.04, **common).beta == 0.04  # generator form: GRPO's KL on D_exp, an addition (off: 0)
     with pytest.raises(ValueError, match="pef_threshold"):
         DPHConfig(num_presamples=4, pef_threshold=5, **common)
     assert DPHConfig(per_device_train_batch_size=16, **common).pef_batch_size == 2  # 1 : 8

@@ -66,7 +66,8 @@ class APOConfig(GRPOConfig):
         value_beta (`float`, defaults to `0.5`): beta1 of the value estimate.
         filter_all_incorrect (`bool`, defaults to `False`): drop prompts whose N samples are all wrong (Sec. 4.4).
         check_binary_rewards (`bool`, defaults to `True`): warn once when a reward is not 0 or 1.
-        presample_cache_dir (`str`, *optional*): cache of the offline pass (default ``~/.cache/trl_variants``).
+        presample_cache_dir (`str`, *optional*): cache of the offline pass (default
+            ``~/.cache/trl_variants/presample``).
         presample_generation_batch_size (`int`, defaults to `64`): sequences per ``generate`` call in stage 1. Part
             of the pass's fixed layout (and cache key): never derived from the per-device batch, so the reference
             samples are the same with 1 or N processes.

@@ -1,5 +1,5 @@
 """A*-PO: offline optimal values, then least-squares regression of optimal advantages with one sample per prompt
-(ALGORITHMS.md "A*-PO"; paper arXiv 2505.20686).
+(A*-PO paper, arXiv 2505.20686, Sec. 3 and Algorithm 1; equations and defaults in docs/algorithms.md).
 
 1. Stage 1 (once, cached, before training): N reference samples per prompt, their rewards and
    ``V_hat(x) = beta1 log mean exp(r / beta1)`` (``trl_variants.presample``). A dataset made by ``trl-variants
@@ -24,6 +24,7 @@ from .._card import ModelCardMixin
 from .._checkpoint import CheckpointStateMixin
 from .._citations import APO, paper
 from .._common import (
+    EvalDatasetMixin,
     FiniteLossMixin,
     OfflinePassLogMixin,
     check_presampled_model,
@@ -34,6 +35,7 @@ from .._common import (
     sampling_options,
     trainer_prompt_ids,
 )
+from .._data import run_on_rows
 from .._reference import frozen_copy_of_policy
 from .._validation import check_presampled_columns, check_train_dataset, checked_reward_funcs
 from ..presample import PresampleConfig, check_presample_options, presample, summarize
@@ -41,7 +43,8 @@ from ..presample.vllm_backend import trainer_generator
 from .config import APOConfig
 
 
-class APOTrainer(CheckpointStateMixin, ModelCardMixin, FiniteLossMixin, OfflinePassLogMixin, GRPOTrainer):
+class APOTrainer(CheckpointStateMixin, ModelCardMixin, FiniteLossMixin, OfflinePassLogMixin, EvalDatasetMixin,
+                 GRPOTrainer):
     """A*-PO. Takes GRPOTrainer's arguments; see [`APOConfig`]."""
 
     _tag_names = ["trl", "a-star-po"]
@@ -71,45 +74,77 @@ class APOTrainer(CheckpointStateMixin, ModelCardMixin, FiniteLossMixin, OfflineP
         if own_reference:
             self.beta = beta2
             self.ref_model = frozen_copy_of_policy(self)
-        with self.offline_pass():
-            self.train_dataset = self._with_values(train_dataset)
+        with self.offline_pass():  # a stream is read once, in full, then streams with its values looked up
+            self.train_dataset = run_on_rows(train_dataset, self._with_values, ["ref_value"], "A*-PO's stage 1")[0]
+            self.prepare_eval_datasets()
         self._warned_non_binary = False
 
     # ---------------------------------------------------------------------------------- stage 1 (offline) ---
-    def _with_values(self, dataset):
+    def _value_pass(self, dataset):
+        """``dataset`` with stage 1's columns (``ref_value`` among them): checked when present, else sampled from the
+        reference policy (the model as given before the first update; afterwards the frozen reference)."""
         args = self.args
         if "ref_value" in dataset.column_names:
             check_presample_options(dataset, num_samples=args.num_value_samples, value_beta=args.value_beta,
                                     **sampling_options(self))
             check_presampled_model(self, dataset)  # made by this model (its weights, in any dtype)
             check_prompt_ids(self, dataset)
-        else:
-            reward_funcs = offline_reward_funcs(self, "APOTrainer")  # reward models scored as GRPOTrainer does
-            config = PresampleConfig(
-                num_samples=args.num_value_samples, value_beta=args.value_beta, **sampling_options(self),
-                record_prompt_logp=False, seed=args.seed, cache_dir=args.presample_cache_dir,
-                generation_batch_size=args.presample_generation_batch_size,
-            )
-            was_training = self.model.training
-            self.model.eval()
-            try:
-                with self._reference_weights(), full_parameters(self):
-                    dataset = presample(self.model, self.processing_class, dataset, reward_funcs, config,
-                                        reward_weights=self.reward_weights.tolist(), accelerator=self.accelerator,
-                                        tokenize_fn=lambda prompts: trainer_prompt_ids(self, prompts),
-                                        generator=trainer_generator(self))
-            finally:
-                self.model.train(was_training)
-        self.defer_log(summarize(dataset))  # the pass's numbers, before any prompt is left out
+            return dataset
+        reward_funcs = offline_reward_funcs(self, "APOTrainer")  # reward models scored as GRPOTrainer does
+        config = PresampleConfig(
+            num_samples=args.num_value_samples, value_beta=args.value_beta, **sampling_options(self),
+            record_prompt_logp=False, seed=args.seed, cache_dir=args.presample_cache_dir,
+            generation_batch_size=args.presample_generation_batch_size,
+        )
+        trained = self.state.global_step > 0
+        plugin = getattr(self.accelerator.state, "deepspeed_plugin", None)
+        sharded = self.is_fsdp_enabled or self.is_deepspeed_enabled and plugin.zero_stage == 3
+        if trained and (sharded or self.ref_model is None and not self._is_peft()):
+            raise ValueError("APOTrainer.evaluate: this eval_dataset has no 'ref_value' column and, after training "
+                             "started, there is no unsharded reference model to sample it from. Pass the dataset as "
+                             "APOTrainer(eval_dataset=...), or presample it (trl-variants presample)")
+        # after the first update the policy is not the reference any more: sample the frozen reference (with HF
+        # generate: a vLLM engine holds the policy's weights)
+        model = self.ref_model if trained and self.ref_model is not None else self.model
+        was_training = model.training
+        model.eval()
+        try:
+            with self._reference_weights(), full_parameters(self):
+                return presample(model, self.processing_class, dataset, reward_funcs, config,
+                                 reward_weights=self.reward_weights.tolist(), accelerator=self.accelerator,
+                                 tokenize_fn=lambda prompts: trainer_prompt_ids(self, prompts),
+                                 generator=None if trained else trainer_generator(self),
+                                 trainer_state=self.state)
+        finally:
+            model.train(was_training)
+
+    def _with_valued_prompts(self, dataset, split: str):
+        """The prompts of ``dataset`` that have a value estimate (warning about the others)."""
         no_value = [i for i, v in enumerate(dataset["ref_value"]) if not math.isfinite(v)]
         if no_value:  # every reference sample of these prompts lacked a reward (TRL: None / NaN is excluded)
-            warnings.warn(f"A*-PO: {len(no_value)} prompts have no value estimate (none of their {args.num_value_samples}"
-                          f" reference samples got a reward, e.g. row {no_value[0]}); they are left out of training",
-                          stacklevel=2)
+            warnings.warn(f"A*-PO: {len(no_value)} prompts have no value estimate (none of their "
+                          f"{self.args.num_value_samples} reference samples got a reward, e.g. row {no_value[0]}); "
+                          f"they are left out of {split}", stacklevel=3)
             dataset = dataset.select(sorted(set(range(len(dataset))) - set(no_value)))
             if len(dataset) == 0:
                 raise ValueError("no prompt has a value estimate: every reference sample got no reward (the reward "
                                  "functions returned None or NaN). Check the reward functions on this dataset")
+        return dataset
+
+    def _with_eval_columns(self, dataset):
+        return run_on_rows(dataset, lambda rows: self._with_valued_prompts(self._value_pass(rows), "evaluation"),
+                           ["ref_value"], "A*-PO's stage 1")[0]
+
+    def _is_peft(self) -> bool:
+        from peft import PeftModel
+
+        return isinstance(self.accelerator.unwrap_model(self.model), PeftModel)
+
+    def _with_values(self, dataset):
+        args = self.args
+        dataset = self._value_pass(dataset)
+        self.defer_log(summarize(dataset))  # the pass's numbers, before any prompt is left out
+        dataset = self._with_valued_prompts(dataset, "training")
         if args.filter_all_incorrect:
             kept = dataset.filter(lambda rs: any(r > 0 for r in rs), input_columns="ref_rewards")
             if len(kept) == 0:
@@ -157,8 +192,9 @@ class APOTrainer(CheckpointStateMixin, ModelCardMixin, FiniteLossMixin, OfflineP
         attn = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
         mask = inputs["completion_mask"]
         bonus = bool(self.args.entropy_coef)  # entropies cost a full-vocabulary pass: only when they are used
-        logps, entropies, _ = self._get_per_token_logps_and_entropies(
-            model, ids, attn, inputs["completion_ids"].size(1), compute_entropy=bonus)
+        logps, entropies, aux_loss = self._get_per_token_logps_and_entropies(
+            model, ids, attn, inputs["completion_ids"].size(1), compute_entropy=bonus,
+            compute_aux_loss=self.aux_loss_enabled)
         seq_log_ratio = ((logps - inputs["ref_per_token_logps"]) * mask).sum(-1)
         loss = losses.apo_loss(seq_log_ratio, inputs["apo_rewards"], inputs["apo_values"], self.beta)
         mode = "train" if self.model.training else "eval"
@@ -168,6 +204,9 @@ class APOTrainer(CheckpointStateMixin, ModelCardMixin, FiniteLossMixin, OfflineP
             entropy = (entropies * mask).sum() / mask.sum().clamp(min=1.0)
             loss = loss - self.args.entropy_coef * entropy
             metrics["entropy"].append(gather(entropy.detach()).mean().item())
+        if self.aux_loss_enabled:  # a mixture-of-experts model's router balance loss, added as GRPOTrainer adds it
+            loss = loss + self.router_aux_loss_coef * aux_loss
+            metrics["aux_loss"].append(self.accelerator.gather_for_metrics(aux_loss).mean().item())
         metrics["apo/value_mean"].append(gather(inputs["apo_values"]).mean().item())
         metrics["apo/advantage_mean"].append(gather(inputs["advantages"]).mean().item())
         metrics["apo/seq_log_ratio_mean"].append(gather(seq_log_ratio.detach()).mean().item())

@@ -20,7 +20,9 @@ class DPHConfig(GRPOConfig):
     GRPO without KL on the exploration prompts D_exp, plus ``eta`` times a mass-covering f-divergence (generator
     form) on stored reference completions of the near-perfect prompts D_pef. Defaults: JS with ``eta = 0.2``
     (Table 6), "8 of 8" split (k = 8, threshold 8, keep all correct completions), refinement off, one D_pef row per
-    8 rollout rows (the paper's 256 per 2048).
+    8 rollout rows (the paper's 256 per 2048). ``beta`` (GRPOConfig's KL to the reference on D_exp rollouts) stays 0
+    as in eq. 5; a value > 0 adds GRPO's own KL term on D_exp (an addition, not the paper's; GRPOTrainer then loads a
+    reference model), in the generator form only.
 
     Parameters:
         divergence (`str`, defaults to `"js"`):
@@ -51,7 +53,8 @@ class DPHConfig(GRPOConfig):
             ``max(1, per_device_train_batch_size // 8)``.
         require_pef (`bool`, defaults to `False`): raise when the split leaves D_pef empty; otherwise the trainer
             warns and runs as GRPO without KL.
-        presample_cache_dir (`str`, *optional*): cache of the offline pass (default ``~/.cache/trl_variants``).
+        presample_cache_dir (`str`, *optional*): cache of the offline pass (default
+            ``~/.cache/trl_variants/presample``).
         presample_generation_batch_size (`int`, defaults to `64`): sequences per ``generate`` call in the offline
             pass. Part of the pass's fixed layout (and cache key): never derived from the per-device batch, so the
             reference samples are the same with 1 or N processes.
@@ -114,6 +117,7 @@ class DPHConfig(GRPOConfig):
         if self.divergence_form == "definition" and self.divergence != "js":
             raise ValueError("divergence_form='definition' is App. F's JS method: set divergence='js' (for the other "
                              "divergences the definition and generator forms coincide)")
-        if self.beta != 0.0:
-            raise ValueError(f"DPH-RL uses no KL term on D_exp (eq. 5): beta must be 0, got {self.beta}; the "
-                             "divergence to the reference is the D_pef term (dph_coef)")
+        if self.beta != 0.0 and self.divergence_form == "definition":
+            raise ValueError(f"with divergence_form='definition' beta must be 0, got {self.beta}: that form's D_exp term "
+                             "is App. F's beta1 * KL(pi_theta || M), computed from the live reference, and GRPO's KL "
+                             "would be a second one. Use the generator form to add GRPO's KL on D_exp")

@@ -1,5 +1,5 @@
-"""DPH-RL: GRPO on exploration prompts + f-divergence rehearsal on near-perfect prompts (ALGORITHMS.md "DPH-RL";
-DPH-RL paper Sec. 4, eq. 5-7, App. C, G).
+"""DPH-RL: GRPO on exploration prompts + f-divergence rehearsal on near-perfect prompts (DPH-RL paper,
+arXiv 2509.07430, Sec. 4, eq. 5-7, App. C, G; equations and defaults in docs/algorithms.md).
 
 1. Before training (once, cached): k reference samples per training prompt and their rewards; prompts with at
    least ``pef_threshold`` correct form D_pef (their correct completions are kept with per-token reference
@@ -33,6 +33,7 @@ from .._common import (
     sampling_options,
     trainer_prompt_ids,
 )
+from .._data import is_stream, read_stream, stream_with_columns
 from .._reference import frozen_copy_of_policy
 from .._validation import check_presampled_columns, check_train_dataset, checked_reward_funcs
 from ..generation import pack_prompt_completion
@@ -71,14 +72,17 @@ class DPHTrainer(CheckpointStateMixin, ModelCardMixin, FiniteLossMixin, OfflineP
 
             if not isinstance(self.accelerator.unwrap_model(self.model), PeftModel):
                 self.ref_model = frozen_copy_of_policy(self)
-        with self.offline_pass():
-            presampled = self._presampled(train_dataset)
+        with self.offline_pass():  # a stream is read once, in full: the split needs every prompt
+            rows = read_stream(train_dataset, "DPH-RL's offline pass") if is_stream(train_dataset) else train_dataset
+            presampled = self._presampled(rows)
             reward_index = self._correctness_index(presampled)
             split = dph_split(presampled, args.pef_threshold, args.pef_keep,
-                              self._refinement_rewards(train_dataset, reward_index) if args.pef_refine else None,
+                              self._refinement_rewards(rows, reward_index) if args.pef_refine else None,
                               reward_index=reward_index, correct_threshold=args.correctness_threshold,
                               drop_unsolved=args.drop_unsolved)
-        self.pef_dataset, self.train_dataset, self.split_stats = split.pef, split.exp, split.stats
+        self.pef_dataset, self.split_stats = split.pef, split.stats
+        # D_exp: the user's stream keeps streaming (its D_exp rows, in its order)
+        self.train_dataset = stream_with_columns(train_dataset, split.exp, []) if is_stream(train_dataset) else split.exp
         self.defer_log({**summarize(presampled), **split.stats})
         if len(self.pef_dataset) == 0:
             if args.require_pef:
@@ -86,18 +90,25 @@ class DPHTrainer(CheckpointStateMixin, ModelCardMixin, FiniteLossMixin, OfflineP
                                  "empty. Lower pef_threshold, or set require_pef=False to train as GRPO without KL")
             warnings.warn("DPH-RL: D_pef is empty (no near-perfect prompt); training runs as GRPO without KL",
                           stacklevel=2)
-        if len(self.train_dataset) == 0:
+        if len(split.exp) == 0:
             dropped = split.stats["num_unsolved_dropped"]
             raise ValueError(f"D_exp is empty and there is nothing to explore: every prompt is near-perfect "
                              f"({args.pef_threshold} of {args.num_presamples} correct)"
                              + (f" or unsolved ({dropped} dropped by drop_unsolved)" if dropped else "")
                              + ". Raise pef_threshold" + (" or set drop_unsolved=False" if dropped else ""))
+        per_batch = args.generation_batch_size // args.num_generations
+        if len(split.exp) < per_batch:  # GRPO's sampler drops an incomplete generation batch: 0 steps, silently
+            raise ValueError(f"D_exp has {len(split.exp)} prompts, fewer than one generation batch takes "
+                             f"(generation_batch_size / num_generations = {args.generation_batch_size} / "
+                             f"{args.num_generations} = {per_batch}): training would run 0 steps. Lower "
+                             "per_device_train_batch_size (or steps_per_generation), raise pef_threshold, or train on "
+                             "more prompts")
         self._pef_epoch, self._pef_pos = 0, 0  # position in the global D_pef stream (checkpointed)
         if definition:
             # GRPO computes the rollouts' reference log-probs when beta != 0; its own KL term stays off (the loss
             # below runs GRPO's with beta = 0). beta1 = eta |D_pef| / |D_exp| (App. F, eq. 16).
             self.beta = 1.0
-            self.js_beta1 = args.dph_coef * len(self.pef_dataset) / len(self.train_dataset)
+            self.js_beta1 = args.dph_coef * len(self.pef_dataset) / len(split.exp)
         self._policy_logps = None
 
     # -------------------------------------------------------------------------- stage 1: the offline pass ---
@@ -124,7 +135,7 @@ class DPHTrainer(CheckpointStateMixin, ModelCardMixin, FiniteLossMixin, OfflineP
                                  self._presample_config(num_samples, seed), reward_weights=self.reward_weights.tolist(),
                                  accelerator=self.accelerator, token_logps_fn=self._fused_scorer,
                                  tokenize_fn=lambda prompts: trainer_prompt_ids(self, prompts),
-                                 generator=trainer_generator(self))
+                                 generator=trainer_generator(self), trainer_state=self.state)
         finally:
             self.model.train(was_training)
 
@@ -263,5 +274,5 @@ class DPHTrainer(CheckpointStateMixin, ModelCardMixin, FiniteLossMixin, OfflineP
         n_tok = gather(mask.sum()).sum().clamp(min=1)
         metrics["dph/log_u_mean"].append((gather((log_u.detach() * mask).sum()).sum() / n_tok).item())
         metrics["dph/num_pef_rows"].append(float(len(self.pef_dataset)))
-        metrics["dph/num_exp_prompts"].append(float(len(self.train_dataset)))
+        metrics["dph/num_exp_prompts"].append(float(self.split_stats["num_exp_prompts"]))
         return loss

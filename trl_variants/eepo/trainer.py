@@ -1,4 +1,4 @@
-"""EEPO: two-stage sample-then-forget rollouts (ALGORITHMS.md "EEPO"; EEPO paper Sec. 3, Algorithm 1).
+"""EEPO: two-stage sample-then-forget rollouts (EEPO paper, arXiv 2510.05837, Sec. 3, Algorithm 1; docs/algorithms.md).
 
 For each group of G completions, inside GRPO's generation step (``_generate_single_turn``):
 

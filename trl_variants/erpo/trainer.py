@@ -1,4 +1,4 @@
-"""ERPO: GRPO with query-weighted advantages and Query-KL (ALGORITHMS.md "ERPO"; ERPO paper Sec. 4, App. G).
+"""ERPO: GRPO with query-weighted advantages and Query-KL (ERPO preprint Sec. 4, App. G; docs/algorithms.md).
 
 Per step, on top of GRPOTrainer:
 
@@ -19,6 +19,7 @@ from .._card import ModelCardMixin
 from .._checkpoint import CheckpointStateMixin
 from .._citations import ERPO, paper
 from .._common import (
+    EvalDatasetMixin,
     FiniteLossMixin,
     OfflinePassLogMixin,
     check_presampled_model,
@@ -27,13 +28,15 @@ from .._common import (
     resolve_config,
     trainer_prompt_ids,
 )
+from .._data import run_on_rows
 from .._validation import check_finite_column, check_train_dataset, checked_reward_funcs
 from ..presample import check_presample_options
 from .config import ERPOConfig
 from .reference import add_reference_prompt_logps
 
 
-class ERPOTrainer(CheckpointStateMixin, ModelCardMixin, FiniteLossMixin, OfflinePassLogMixin, GRPOTrainer):
+class ERPOTrainer(CheckpointStateMixin, ModelCardMixin, FiniteLossMixin, OfflinePassLogMixin, EvalDatasetMixin,
+                  GRPOTrainer):
     """Environment-Regularized Policy Optimization. Takes exactly GRPOTrainer's arguments; see [`ERPOConfig`]."""
 
     _tag_names = ["trl", "grpo", "erpo"]
@@ -56,16 +59,29 @@ class ERPOTrainer(CheckpointStateMixin, ModelCardMixin, FiniteLossMixin, Offline
             # l_ref(s) from the model as given (the frozen start), before any update, through the same fused kernel
             # that later yields l_theta(s), so that the Query-KL is exactly 0 at step 0.
             with self.offline_pass():
-                self.train_dataset = self._with_reference_prompt_logps(self.train_dataset)
-                if isinstance(self.eval_dataset, dict):
-                    self.eval_dataset = {k: self._with_reference_prompt_logps(v) for k, v in self.eval_dataset.items()}
-                elif self.eval_dataset is not None:
-                    self.eval_dataset = self._with_reference_prompt_logps(self.eval_dataset)
-            ref = torch.tensor(self.train_dataset[args.ref_prompt_logp_column], dtype=torch.float64)
+                self.train_dataset, table = run_on_rows(self.train_dataset, self._with_reference_prompt_logps,
+                                                        [args.ref_prompt_logp_column], "ERPO's reference pass")
+                self.prepare_eval_datasets()
+            ref = torch.tensor(table[args.ref_prompt_logp_column], dtype=torch.float64)
             self._ref_prompt_logp_mean = ref.mean().item()
             self.defer_log({"ref_prompt_logp_mean": self._ref_prompt_logp_mean, "num_prompts": len(ref)})
 
     # ---------------------------------------------------------------------------------- reference pass (once) ---
+    def _with_eval_columns(self, dataset):
+        """l_ref(s) on an evaluation dataset. Without the column it is computed from the model as it is, which is the
+        reference only before the first update: later, ask for the dataset at construction instead."""
+        if not self.args.needs_reference_prompt_logps or dataset is None:
+            return dataset
+        if self.args.ref_prompt_logp_column not in (dataset.column_names or []) and self.state.global_step > 0:
+            raise ValueError(
+                f"ERPOTrainer.evaluate: this eval_dataset has no {self.args.ref_prompt_logp_column!r} column (the "
+                "prompts' log-likelihood under the starting model, read by Query-KL and the reference query "
+                f"weights), and after {self.state.global_step} optimizer steps the model no longer is that starting "
+                "model. Pass the dataset as ERPOTrainer(eval_dataset=...) (a dict of several is fine), or add the "
+                "column with `trl-variants presample --num_samples 0 --record_prompt_logp true`")
+        return run_on_rows(dataset, self._with_reference_prompt_logps, [self.args.ref_prompt_logp_column],
+                           "ERPO's reference pass")[0]
+
     def _with_reference_prompt_logps(self, dataset):
         column = self.args.ref_prompt_logp_column
         if dataset is None:

@@ -76,17 +76,35 @@ def offline_reward_funcs(reward_funcs, processing_classes, chat_template_kwargs:
             for f, p in zip(reward_funcs, processing_classes, strict=True)]
 
 
-def score_completions(reward_funcs, reward_weights, prompts, completions, completion_ids, columns):
+def _awaited(values):
+    """The result of an async reward function's coroutine, run to completion on an event loop of its own (in a
+    worker thread, so that a caller already inside a running loop, e.g. a notebook, is not disturbed)."""
+    if not inspect.isawaitable(values):
+        return values
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+
+    async def wait():
+        return await values
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, wait()).result()
+
+
+def score_completions(reward_funcs, reward_weights, prompts, completions, completion_ids, columns,
+                      trainer_state=None):
     """Call the reward functions as GRPOTrainer does (``prompts``, ``completions``, ``completion_ids``, every
-    dataset column as a keyword list, ``trainer_state=None``, no-op ``log_extra`` / ``log_metric``).
+    dataset column as a keyword list, ``trainer_state`` (a trainer's ``state``; None outside a trainer), no-op
+    ``log_extra`` / ``log_metric``); an async function is awaited.
 
     Returns ``(total, per_func)``: ``per_func[i][j]`` is function ``j``'s value for completion ``i`` (NaN for None),
     ``total[i]`` the weighted sum over the functions that gave a value (TRL's ``nansum``), NaN when none did: such a
     completion has no reward and is left out downstream (TRL warns about the same rows; so does the pass)."""
     per_func = [[math.nan] * len(reward_funcs) for _ in completions]
     for j, func in enumerate(reward_funcs):
-        values = func(prompts=prompts, completions=completions, completion_ids=completion_ids, trainer_state=None,
-                      log_extra=lambda *a, **k: None, log_metric=lambda *a, **k: None, **columns)
+        values = _awaited(func(prompts=prompts, completions=completions, completion_ids=completion_ids,
+                               trainer_state=trainer_state, log_extra=lambda *a, **k: None,
+                               log_metric=lambda *a, **k: None, **columns))
         for i, v in enumerate(reward_values(values, func, len(completions))):  # the trainers' check (NaN: None)
             per_func[i][j] = v
     total = []

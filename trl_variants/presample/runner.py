@@ -101,7 +101,7 @@ def _process_shard(rows, prompt_ids, row_indices, shard_index, model, tokenizer,
     return out, seconds, tokens
 
 
-def _add_rewards(out, rows, config, reward_funcs, reward_weights) -> int:
+def _add_rewards(out, rows, config, reward_funcs, reward_weights, trainer_state=None) -> int:
     """Score the completions of a shard in place (``ref_rewards``, ``ref_rewards_per_func``, ``ref_value``) with
     GRPOTrainer's reward signature; return how many completions got no reward from any function."""
     from ..losses import optimal_value
@@ -113,7 +113,7 @@ def _add_rewards(out, rows, config, reward_funcs, reward_weights) -> int:
     columns = {k: [r[k] for r in rows for _ in range(n)] for k in rows[0] if k != "prompt"}
     total, per_func = score_completions(
         reward_funcs, reward_weights, [r["prompt"] for r in rows for _ in range(n)], completions,
-        [c for o in out for c in o["ref_completion_ids"]], columns)
+        [c for o in out for c in o["ref_completion_ids"]], columns, trainer_state)
     for i, o in enumerate(out):
         o["ref_rewards"] = total[i * n : (i + 1) * n]
         o["ref_rewards_per_func"] = per_func[i * n : (i + 1) * n]
@@ -150,6 +150,7 @@ def presample(
     token_logps_fn=None,
     tokenize_fn=None,
     generator=None,
+    trainer_state=None,
 ):
     """Run the offline reference pass and return ``dataset`` with the :data:`COLUMNS` it records.
 
@@ -172,6 +173,7 @@ def presample(
             ``config.backend``: :class:`HFGenerator` or an offline vLLM engine. A trainer with ``use_vllm=True``
             passes its own engine (:func:`~trl_variants.presample.vllm_backend.trainer_generator`). Everything else
             (prompt ids, shards, cache, resume, rewards, reference log-probs by the transformers model) is the same.
+        trainer_state: given to the reward functions as ``trainer_state`` (a trainer passes its ``state``).
     """
     from accelerate.utils import gather_object
     from tqdm.auto import tqdm
@@ -256,7 +258,7 @@ def presample(
     if rescore:
         for s, out in results:
             unrewarded += _add_rewards(out, list(dataset.select(shard_range(s))), config, reward_funcs,
-                                       reward_weights)
+                                       reward_weights, trainer_state)
 
     if config.num_samples > 0 and generator is None:
         if backend == "hf":
@@ -277,7 +279,7 @@ def presample(
                     config, generator, token_logps_fn)
             gen_seconds, gen_tokens = gen_seconds + seconds, gen_tokens + tokens
             if config.num_samples > 0:
-                unrewarded += _add_rewards(out, rows, config, reward_funcs, reward_weights)
+                unrewarded += _add_rewards(out, rows, config, reward_funcs, reward_weights, trainer_state)
             if config.use_cache:
                 atomic_write_json(run_dir / f"shard-{s:06d}.json", {"shard": s, "rows": out})
             results.append((s, out))
