@@ -109,6 +109,17 @@ def test_filter_all_incorrect(tmp_path):
     assert 4 not in apo.train_dataset["level"] and len(apo.train_dataset) > 0
 
 
+def test_filter_all_incorrect_counts_correct_by_threshold_not_above_zero(tmp_path):
+    def half_reward(completions, **kw):  # a partial reward on every sample: none is a right answer
+        return [0.5] * len(completions)
+
+    with pytest.raises(ValueError, match="dropped all 8 prompts"):  # reward > 0 kept them all before
+        _apo(tmp_path, dataset=train_dataset(8), reward=half_reward, filter_all_incorrect=True, num_value_samples=2)
+    apo = _apo(tmp_path, dataset=train_dataset(8), reward=half_reward, filter_all_incorrect=True,
+               num_value_samples=2, correctness_threshold=0.5)
+    assert len(apo.train_dataset) == 8
+
+
 def test_binary_reward_warning(tmp_path):
     def half_reward(completions, **kw):
         return [0.5] * len(completions)

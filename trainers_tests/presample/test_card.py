@@ -104,3 +104,17 @@ def test_presample_cli_card_names_source_and_rewards(tmp_path):
                  "- reference model: `trl_variants tiny default`", "- reward functions: `accuracy_reward`",
                  "| `num_samples` | `1` |"):
         assert text in card, text
+
+
+def test_correct_means_reward_at_least_the_threshold_not_above_zero():
+    """One rule for "correct" in the pass's statistics: reward >= threshold (1.0: a right answer under a binary
+    reward), never reward > 0; a sample without a reward (NaN) is left out, as TRL leaves it out."""
+    from datasets import Dataset
+
+    from trl_variants.presample.metadata import summarize
+
+    shaped = Dataset.from_dict({"ref_rewards": [[0.2, 0.5], [1.0, 1.2], [float("nan"), 1.0], [0.0, 0.0]]})
+    stats = summarize(shaped)
+    assert stats["frac_all_correct"] == 0.5  # [1.0, 1.2] and [-, 1.0]; not [0.2, 0.5] (partial rewards)
+    assert stats["frac_all_wrong"] == 0.5  # [0.2, 0.5] and [0.0, 0.0]
+    assert summarize(shaped, threshold=0.2)["frac_all_correct"] == 0.75

@@ -65,6 +65,10 @@ class APOConfig(GRPOConfig):
         num_value_samples (`int`, defaults to `8`): N, reference samples per prompt in stage 1.
         value_beta (`float`, defaults to `0.5`): beta1 of the value estimate.
         filter_all_incorrect (`bool`, defaults to `False`): drop prompts whose N samples are all wrong (Sec. 4.4).
+        correctness_threshold (`float`, defaults to `1.0`): a reference sample is correct when its reward is at least
+            this (for ``filter_all_incorrect`` and the pass's ``frac_all_correct`` / ``frac_all_wrong``); 1.0 is a
+            right answer under the paper's binary reward. With a dense or shaped reward, set the value that means
+            "solved".
         check_binary_rewards (`bool`, defaults to `True`): warn once when a reward is not 0 or 1.
         presample_cache_dir (`str`, *optional*): cache of the offline pass (default
             ``~/.cache/trl_variants/presample``).
@@ -78,6 +82,8 @@ class APOConfig(GRPOConfig):
     num_value_samples: int = field(default=8, metadata={"help": "N: reference samples per prompt (stage 1)."})
     value_beta: float = field(default=0.5, metadata={"help": "beta1 of V_hat = beta1 log mean exp(r / beta1)."})
     filter_all_incorrect: bool = field(default=False, metadata={"help": "Drop prompts with N wrong samples."})
+    correctness_threshold: float = field(
+        default=1.0, metadata={"help": "A reference sample is correct when its reward is at least this."})
     check_binary_rewards: bool = field(default=True, metadata={"help": "Warn when rewards are not in {0, 1}."})
     presample_cache_dir: str | None = field(default=None, metadata={"help": "Cache directory of the offline pass."})
     presample_generation_batch_size: int = field(

@@ -39,6 +39,7 @@ from .._data import run_on_rows
 from .._reference import frozen_copy_of_policy
 from .._validation import check_presampled_columns, check_train_dataset, checked_reward_funcs
 from ..presample import PresampleConfig, check_presample_options, presample, summarize
+from ..presample.metadata import is_correct
 from ..presample.vllm_backend import trainer_generator
 from .config import APOConfig
 
@@ -143,10 +144,11 @@ class APOTrainer(CheckpointStateMixin, ModelCardMixin, FiniteLossMixin, OfflineP
     def _with_values(self, dataset):
         args = self.args
         dataset = self._value_pass(dataset)
-        self.defer_log(summarize(dataset))  # the pass's numbers, before any prompt is left out
+        self.defer_log(summarize(dataset, args.correctness_threshold))  # before any prompt is left out
         dataset = self._with_valued_prompts(dataset, "training")
         if args.filter_all_incorrect:
-            kept = dataset.filter(lambda rs: any(r > 0 for r in rs), input_columns="ref_rewards")
+            t = args.correctness_threshold
+            kept = dataset.filter(lambda rs: any(is_correct(r, t) for r in rs), input_columns="ref_rewards")
             if len(kept) == 0:
                 raise ValueError(f"filter_all_incorrect dropped all {len(dataset)} prompts (every reference sample "
                                  "was wrong): nothing to train on. Set filter_all_incorrect=False or use easier data")

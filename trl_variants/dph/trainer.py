@@ -83,7 +83,7 @@ class DPHTrainer(CheckpointStateMixin, ModelCardMixin, FiniteLossMixin, OfflineP
         self.pef_dataset, self.split_stats = split.pef, split.stats
         # D_exp: the user's stream keeps streaming (its D_exp rows, in its order)
         self.train_dataset = stream_with_columns(train_dataset, split.exp, []) if is_stream(train_dataset) else split.exp
-        self.defer_log({**summarize(presampled), **split.stats})
+        self.defer_log({**summarize(presampled, args.correctness_threshold), **split.stats})
         if len(self.pef_dataset) == 0:
             if args.require_pef:
                 raise ValueError(f"no prompt reached {args.pef_threshold} of {args.num_presamples} correct: D_pef is "

@@ -90,16 +90,29 @@ def check_presample_model(dataset, model, who: str, gather=None) -> None:
         f"runs the pass itself), or train the model that made it (model={record['name']!r})")
 
 
-def summarize(dataset) -> dict[str, float]:
-    """Mean reward, fraction of prompts whose samples are all correct / all wrong, and (if present) mean V_hat."""
+CORRECT_AT = 1.0
+"""The one rule for "correct" in the offline pass's statistics and filters: a reference sample is correct when its
+reward (the weighted sum over the reward functions) is at least this, the value of a right answer under a binary
+{0, 1} accuracy reward. A sample without a reward (NaN) is never correct (the statistics leave it out). A trainer may set its own threshold
+(``APOConfig.correctness_threshold``; DPH-RL decides with one named reward, ``correctness_reward``)."""
+
+
+def is_correct(reward: float, threshold: float = CORRECT_AT) -> bool:
+    return not math.isnan(reward) and reward >= threshold
+
+
+def summarize(dataset, threshold: float = CORRECT_AT) -> dict[str, float]:
+    """Mean reward, fraction of prompts whose samples are all correct / all wrong (:func:`is_correct`), and (if
+    present) mean V_hat."""
     if "ref_rewards" not in dataset.column_names:
         return {}
     rewards = [[r for r in rs if not math.isnan(r)] for rs in dataset["ref_rewards"]]  # NaN: no reward
     flat = [r for rs in rewards for r in rs]
     out = {
         "mean_reward": sum(flat) / max(1, len(flat)),
-        "frac_all_correct": sum(bool(rs) and all(r > 0 for r in rs) for rs in rewards) / len(rewards),
-        "frac_all_wrong": sum(all(r <= 0 for r in rs) for rs in rewards) / len(rewards),
+        "frac_all_correct": sum(bool(rs) and all(is_correct(r, threshold) for r in rs) for rs in rewards)
+        / len(rewards),
+        "frac_all_wrong": sum(not any(is_correct(r, threshold) for r in rs) for rs in rewards) / len(rewards),
     }
     if "ref_value" in dataset.column_names:
         values = [v for v in dataset["ref_value"] if not math.isnan(v)]
