@@ -24,7 +24,7 @@ rank = t.accelerator.process_index
 assert t.accelerator.num_processes == 2
 batch, _ = fixed_batch(t, n_prompts=2, group=4, seed=rank)   # rank 0 and rank 1 see different prompts
 t.model.train()
-w = t._query_weights(None, batch)
+w = t.part("erpo_query_weights").weights(t, None, batch)
 rows = [ids[m.bool()].tolist() for ids, m in zip(batch["prompt_ids"], batch["prompt_mask"])][::4]
 l_all = torch.tensor(sum(gather_object([prompt_logps_from_ids(t.model, rows, 0).tolist()]), []))
 expected = (l_all.mean() / l_all).repeat_interleave(4)[rank * 8:(rank + 1) * 8]

@@ -90,7 +90,7 @@ def test_policy_query_weights_match_hand_computed(tmp_path):
     erpo = _erpo(tmp_path, query_kl_coef=0.0)  # num_generations = 4
     inputs, _ = fixed_batch(erpo, n_prompts=3, group=4)
     erpo.model.train()
-    w = erpo._query_weights(None, inputs)
+    w = erpo.part("erpo_query_weights").weights(erpo, None, inputs)
     logp = _plain_prompt_logps(erpo, inputs)[::4]
     expected = (logp.mean() / logp).repeat_interleave(4)
     torch.testing.assert_close(w, expected, atol=1e-5, rtol=1e-5)
@@ -101,7 +101,7 @@ def test_reference_query_weights_from_dataset_column(tmp_path):
     ds = train_dataset(n=16).add_column("ref_prompt_logp", [-10.0, -40.0, -1.0, -20.0] * 4)
     erpo = _erpo(tmp_path, dataset=ds, query_kl_coef=0.0, query_weight_source="reference", query_weight_max=2.0)
     rows = [ds[i] for i in range(4)]
-    w = erpo._query_weights(rows, None)
+    w = erpo.part("erpo_query_weights").weights(erpo, rows, None)
     torch.testing.assert_close(w, torch.tensor([1.775, 0.44375, 2.0, 0.8875]))  # mean -17.75
 
 
@@ -115,7 +115,7 @@ def test_advantages_are_multiplied_by_query_weights(tmp_path):
         torch.manual_seed(7)
         out[name] = trainer._generate_and_score_completions([dict(r) for r in rows])
     assert torch.equal(out["plain"]["completion_ids"], out["weighted"]["completion_ids"])
-    w = weighted._query_weights(None, out["weighted"])
+    w = weighted.part("erpo_query_weights").weights(weighted, None, out["weighted"])
     torch.testing.assert_close(out["weighted"]["advantages"], out["plain"]["advantages"] * w)
 
 

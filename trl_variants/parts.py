@@ -1,0 +1,203 @@
+"""Parts: each method's additions to GRPO as a small contract over ``GRPOTrainer``'s hooks, and one trainer that runs a
+list of them (:class:`PartsTrainer`). A method's trainer is ``PartsTrainer`` with that method's parts (see
+``erpo/part.py``); docs/parts.md shows how to combine parts.
+
+The contract (every method is optional; a part touches only what it declares):
+
+============================  ==============================================================================
+``check(trainer_name, args,   before GRPOTrainer loads anything: refuse inputs the part cannot use
+train_dataset, kwargs)``
+``needs``                     reference quantities the part reads, ``{name: provide(trainer, dataset, split)}``
+                              (e.g. ERPO's ``ref_prompt_logp``): computed once per dataset, however many parts
+                              ask for it (:meth:`PartsTrainer._provide`)
+``setup(trainer)``            once, after ``GRPOTrainer.__init__``, inside the offline pass: prepare datasets
+``eval_columns(trainer, d)``  the same for an evaluation dataset
+``owns_rollout`` /            the part replaces GRPO's sampling of a batch (``_generate_single_turn``); at most
+``generate(...)``             one part may
+``after_scoring(trainer,      after GRPO has generated and scored a batch: change the advantages, add per-row
+inputs, output)``             tensors the loss reads
+``wants_prompt_logps``        the part reads the prompt's log-likelihood off GRPO's own policy forward
+``loss(trainer, model,        after GRPO's loss: return the new total (GRPO's plus the part's terms, already
+inputs, forward, loss)``      scaled for gradient accumulation); ``forward`` holds what GRPO's policy forward
+                              computed (:class:`PolicyForward`)
+``state()`` /                 the part's checkpointed state (JSON; keys unique across parts)
+``load_state(state)``
+============================  ==============================================================================
+Metrics use ``trainer._metrics[mode]`` under the part's prefix (``erpo/...``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from trl import GRPOTrainer
+
+from ._card import ModelCardMixin
+from ._checkpoint import CheckpointStateMixin
+from ._common import EvalDatasetMixin, FiniteLossMixin, OfflinePassLogMixin, resolve_config
+from ._validation import check_train_dataset, checked_reward_funcs
+
+
+@dataclass
+class PolicyForward:
+    """What GRPO's policy forward in ``_compute_loss`` computed, for the parts' loss terms: the completion tokens'
+    log-probs and, when a part asked for it, each row's prompt log-likelihood ``l_theta(s)`` (sum over the prompt
+    tokens but the first), from the same forward."""
+
+    want_prompt_logps: bool = False
+    done: bool = False
+    completion_logps: torch.Tensor | None = None
+    prompt_logps: torch.Tensor | None = None
+
+
+class Part:
+    """One method's additions to GRPO (the contract is in this module's docstring)."""
+
+    name = "part"
+    needs: dict = {}  # name -> provide(trainer, dataset, split) -> dataset with that column
+    owns_rollout = False
+    wants_prompt_logps = False
+
+    def check(self, trainer_name, args, train_dataset, kwargs) -> None:
+        pass
+
+    def setup(self, trainer) -> None:
+        pass
+
+    def eval_columns(self, trainer, dataset):
+        return dataset
+
+    def generate(self, trainer, grpo_generate, prompt_ids, images, multimodal_fields, num_generations,
+                 has_tool_images=False):
+        raise NotImplementedError
+
+    def after_scoring(self, trainer, inputs, output) -> None:
+        pass
+
+    def loss(self, trainer, model, inputs, forward: PolicyForward, loss):
+        return loss
+
+    def state(self) -> dict:
+        return {}
+
+    def load_state(self, state: dict) -> None:
+        pass
+
+
+class PartsTrainer(CheckpointStateMixin, ModelCardMixin, FiniteLossMixin, OfflinePassLogMixin, EvalDatasetMixin,
+                   GRPOTrainer):
+    """``GRPOTrainer`` plus a list of :class:`Part`. Takes exactly GRPOTrainer's arguments. A subclass sets
+    ``_config_class`` / ``_config_suffix`` and builds its parts from the config in :meth:`make_parts`."""
+
+    _config_class = None
+    _config_suffix = "GRPO"
+
+    def make_parts(self, args) -> list[Part]:
+        return []
+
+    def __init__(self, model, reward_funcs=None, args=None, train_dataset=None, eval_dataset=None, **kwargs):
+        name = type(self).__name__
+        args = resolve_config(model, args, self._config_class, self._config_suffix)
+        check_train_dataset(train_dataset, name)  # before GRPOTrainer loads the model
+        self.parts = self.make_parts(args)
+        owners = [p.name for p in self.parts if p.owns_rollout]
+        if len(owners) > 1:
+            raise ValueError(f"parts {owners[0]!r} and {owners[1]!r} each replace GRPO's rollout: use one of them")
+        for part in self.parts:
+            part.check(name, args, train_dataset, kwargs)
+        reward_funcs = checked_reward_funcs(reward_funcs)  # a bad reward value is refused naming the function
+        super().__init__(model, reward_funcs, args=args, train_dataset=train_dataset, eval_dataset=eval_dataset,
+                         **kwargs)
+        self._policy_forward: PolicyForward | None = None
+        self._needs = {name: provide for part in self.parts for name, provide in part.needs.items()}
+        if self._needs or any(type(p).setup is not Part.setup for p in self.parts):
+            with self.offline_pass():
+                self.train_dataset = self._provide(self.train_dataset, "train")
+                for part in self.parts:
+                    part.setup(self)
+                self.prepare_eval_datasets()
+
+    def part(self, name: str) -> Part:
+        return next(p for p in self.parts if p.name == name)
+
+    # ---------------------------------------------------------------------------- reference quantities (once) ---
+    def _provide(self, dataset, split: str):
+        """``dataset`` with the reference quantities the parts need, each computed once (``split``: "train" or
+        "eval")."""
+        for provide in self._needs.values():
+            dataset = provide(self, dataset, split)
+        return dataset
+
+    def _with_eval_columns(self, dataset):
+        dataset = self._provide(dataset, "eval") if dataset is not None else dataset
+        for part in self.parts:
+            dataset = part.eval_columns(self, dataset)
+        return dataset
+
+    # ------------------------------------------------------------------------------------------- the rollout ---
+    def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        owner = next((p for p in self.parts if p.owns_rollout), None)
+        grpo_generate = super()._generate_single_turn
+        if owner is None:
+            return grpo_generate(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
+        return owner.generate(self, grpo_generate, prompt_ids, images, multimodal_fields, num_generations,
+                              has_tool_images)
+
+    def _generate_and_score_completions(self, inputs):
+        output = super()._generate_and_score_completions(inputs)
+        for part in self.parts:
+            part.after_scoring(self, inputs, output)
+        return output
+
+    # ---------------------------------------------------------------------------------------------- the loss ---
+    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
+        forward = self._policy_forward
+        if forward is None or forward.done:  # not GRPO's policy forward of this loss: as GRPO computes it
+            return super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep,
+                                                              *args, **kwargs)
+        forward.done = True
+        if not forward.want_prompt_logps:
+            out = super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep,
+                                                             *args, **kwargs)
+            forward.completion_logps = out[0]
+            return out
+        # Score every position but the first in the same forward, then hand GRPO the completion slice only.
+        prompt_len = input_ids.size(1) - logits_to_keep
+        logps, entropies, aux = super()._get_per_token_logps_and_entropies(
+            model, input_ids, attention_mask, input_ids.size(1) - 1, *args, **kwargs)
+        valid = attention_mask[:, 1:prompt_len] * attention_mask[:, : prompt_len - 1]
+        forward.prompt_logps = (logps[:, : prompt_len - 1] * valid).sum(-1)
+        completion = slice(prompt_len - 1, None)
+        forward.completion_logps = logps[:, completion]
+        return forward.completion_logps, None if entropies is None else entropies[:, completion], aux
+
+    def _compute_loss(self, model, inputs):
+        if not self.parts:
+            return super()._compute_loss(model, inputs)
+        forward = PolicyForward(want_prompt_logps=any(p.wants_prompt_logps for p in self.parts))
+        self._policy_forward = forward  # read by the first forward below (GRPO's policy forward), then done
+        try:
+            loss = super()._compute_loss(model, inputs)
+        finally:
+            self._policy_forward = None
+        for part in self.parts:
+            loss = part.loss(self, model, inputs, forward, loss)
+        return loss
+
+    # ---------------------------------------------------------------------------------------- checkpointing ---
+    def _extra_state(self) -> dict:
+        state = {}
+        for part in self.parts:
+            state.update(part.state())
+        return state
+
+    def _load_extra_state(self, state: dict) -> None:
+        mine = set()
+        for part in self.parts:
+            keys = set(part.state())
+            part.load_state({k: v for k, v in state.items() if k in keys})
+            mine |= keys
+        if set(state) - mine:
+            raise ValueError(f"{type(self).__name__} keeps no state named {sorted(set(state) - mine)} (the checkpoint "
+                             "was written with other parts)")
