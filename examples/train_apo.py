@@ -4,15 +4,12 @@
     accelerate launch examples/train_apo.py --config configs/apo/qwen2.5-7B.yaml
     accelerate launch examples/train_apo.py --max_steps 20 --value_beta 1.0   # flags override the YAML
 
-The steps (parse, data, rewards, trainer, train, save, push) are `trl_variants.scripts.run_training`.
+The same as `trl-variants train apo` (no clone needed): the steps (parse, data, rewards, trainer, train,
+save, push) are `trl_variants.scripts.run_training`.
 """
 
-from pathlib import Path
-
 from trl_variants import APOConfig, APOTrainer
-from trl_variants.scripts import run_training
-
-DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "apo" / "tiny_cpu.yaml"
+from trl_variants.scripts import train_main
 
 if __name__ == "__main__":
-    run_training(APOTrainer, APOConfig, DEFAULT_CONFIG)
+    train_main("apo", APOTrainer, APOConfig)

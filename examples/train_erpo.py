@@ -4,15 +4,12 @@
     accelerate launch examples/train_erpo.py --config configs/erpo/qwen2.5-math-7b.yaml
     accelerate launch examples/train_erpo.py --max_steps 20 --query_kl_coef 0.05   # flags override the YAML
 
-The steps (parse, data, rewards, trainer, train, save, push) are `trl_variants.scripts.run_training`.
+The same as `trl-variants train erpo` (no clone needed): the steps (parse, data, rewards, trainer, train,
+save, push) are `trl_variants.scripts.run_training`.
 """
 
-from pathlib import Path
-
 from trl_variants import ERPOConfig, ERPOTrainer
-from trl_variants.scripts import run_training
-
-DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "erpo" / "tiny_cpu.yaml"
+from trl_variants.scripts import train_main
 
 if __name__ == "__main__":
-    run_training(ERPOTrainer, ERPOConfig, DEFAULT_CONFIG)
+    train_main("erpo", ERPOTrainer, ERPOConfig)

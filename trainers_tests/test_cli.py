@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -312,3 +313,138 @@ def test_cache_list_and_clear(tmp_path, capsys, monkeypatch):
     cli.main(["cache", "clear", "--yes"])  # all of them, in $TRL_VARIANTS_CACHE
     assert sorted(p.name for p in cache.iterdir()) == ["my_notes"]
     assert "removed 1 entry" in capsys.readouterr().out
+
+
+# --- trl-variants train / recipes: the examples and the recipes inside the package (issue #25 item 1) ---------------
+
+
+def test_the_recipes_ship_inside_the_package_and_configs_is_a_link_to_them():
+    from trl_variants import scripts
+
+    assert scripts.RECIPES_DIR == ROOT / "trl_variants" / "recipes"
+    assert (ROOT / "configs").resolve() == scripts.RECIPES_DIR.resolve()  # a clone's configs/<method>/... still works
+    assert {p.parent.name for p in scripts.shipped_recipes()} == {*scripts.METHODS, "accelerate"}
+    for method in scripts.METHODS:
+        assert scripts.default_recipe(method).is_file()
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert '"recipes/*/*.yaml"' in pyproject.split("[tool.setuptools.package-data]", 1)[1].split("\n[", 1)[0]
+
+
+@pytest.mark.parametrize("value,expected", [
+    ("erpo/qwen2.5-math-7b", "erpo/qwen2.5-math-7b.yaml"),
+    ("erpo/qwen2.5-math-7b.yaml", "erpo/qwen2.5-math-7b.yaml"),
+    ("qwen2.5-math-7b", "erpo/qwen2.5-math-7b.yaml"),  # a bare name: the method's folder first
+    ("qwen2.5-math-7b.yaml", "erpo/qwen2.5-math-7b.yaml"),
+    ("tiny_cpu", "erpo/tiny_cpu.yaml"),
+    ("qwen2.5-7B", "apo/qwen2.5-7B.yaml"),  # only one folder has it
+    ("configs/dph/qwen2.5-math-7b.yaml", "dph/qwen2.5-math-7b.yaml"),  # a recipe header's path, without a clone
+    ("accelerate/zero2", "accelerate/zero2.yaml"),
+])
+def test_a_recipe_is_found_by_name(value, expected, tmp_path, monkeypatch):
+    from trl_variants import scripts
+
+    monkeypatch.chdir(tmp_path)  # no configs/ here
+    assert scripts.resolve_recipe(value, "erpo") == scripts.RECIPES_DIR / expected
+
+
+def test_a_recipe_path_wins_and_an_unknown_or_ambiguous_name_is_refused(tmp_path, monkeypatch):
+    from trl_variants import scripts
+
+    monkeypatch.chdir(tmp_path)
+    own = tmp_path / "erpo" / "tiny_cpu.yaml"
+    own.parent.mkdir()
+    own.write_text("max_steps: 3\n")
+    assert scripts.resolve_recipe("erpo/tiny_cpu.yaml", "erpo") == Path("erpo/tiny_cpu.yaml")  # the file here
+    assert scripts.resolve_recipe("erpo/tiny_cpu.yaml", "erpo", files=False) == scripts.default_recipe("erpo")
+    with pytest.raises(FileNotFoundError, match=r"nope.yaml: no such file, and no shipped recipe .*erpo/tiny_cpu"):
+        scripts.resolve_recipe("nope.yaml", "erpo")
+    with pytest.raises(ValueError, match=r"several shipped recipes are named 'tiny_cpu' \(apo/tiny_cpu, "):
+        scripts.resolve_recipe("tiny_cpu")
+
+
+class _Parsed(Exception):
+    pass
+
+
+def _train(monkeypatch, argv):
+    """``trl-variants train ARGV`` up to the trainer (nothing loads or trains): ``(script_args, training_args,
+    model_args)``."""
+    from trl_variants import scripts
+
+    def stop(*parsed):
+        raise _Parsed(parsed)
+
+    monkeypatch.setattr(scripts, "trainer_kwargs", stop)
+    with pytest.raises(_Parsed) as parsed:
+        cli.main(["train", *argv])
+    return parsed.value.args[0]
+
+
+def test_train_runs_the_example_of_each_method_on_its_shipped_default(monkeypatch, tmp_path):
+    import trl
+
+    import trl_variants
+    from trl_variants import scripts
+
+    built = []
+    monkeypatch.setattr(scripts, "run_training", lambda *a, **k: built.append((a, k)))
+    for method, (module, trainer, config) in scripts.METHODS.items():
+        cli.main(["train", method, "--max_steps", "3"])
+        (args, kwargs) = built.pop()
+        owner = trl if module == "trl" else trl_variants
+        assert args == (getattr(owner, trainer), getattr(owner, config), scripts.default_recipe(method))
+        assert kwargs == {"argv": ["--max_steps", "3"], "prog": f"trl-variants train {method}"}
+        example = (ROOT / "examples" / f"train_{method}.py").read_text()
+        assert f'train_main("{method}", {trainer}, {config})' in example  # the example is the same command
+        assert len(example.split('"""', 2)[2].strip().splitlines()) <= 6  # ... and only that
+
+
+def test_train_parses_a_shipped_recipe_by_name_with_flags_overriding_it(monkeypatch, tmp_path, capsys):
+    import transformers.training_args
+
+    monkeypatch.setattr(transformers.training_args, "is_torch_bf16_gpu_available", lambda: True)  # bf16 recipes
+    monkeypatch.chdir(tmp_path)
+    script_args, training_args, model_args = _train(monkeypatch, ["erpo", "--config", "erpo/qwen2.5-math-7b",
+                                                                  "--max_steps", "4", "--output_dir", "o"])
+    assert model_args.model_name_or_path == "Qwen/Qwen2.5-Math-7B" and training_args.max_steps == 4
+    assert script_args.dataset_name == "DigitalLearningGmbH/MATH-lighteval"
+    assert "the shipped recipe erpo/qwen2.5-math-7b" in capsys.readouterr().out
+    script_args, training_args, _ = _train(monkeypatch, ["eepo", "--output_dir", "o"])  # no --config: tiny_cpu
+    assert training_args.use_cpu and script_args.dataset_name == "embedded"
+
+
+def test_train_without_a_method_or_with_an_unknown_one_or_recipe_says_what_to_choose(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["train"])
+    assert exit_info.value.code == 2 and "trl-variants train {erpo,eepo,dph,apo,grpo}" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["train", "--max_steps", "2"])
+    assert exit_info.value.code == 2 and "expected a method before the options, got '--max_steps'" in \
+        capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["train", "ppo"])
+    assert exit_info.value.code == 2 and "unknown method 'ppo'; choose one of: erpo, eepo, dph, apo, grpo" in \
+        capsys.readouterr().err
+    with pytest.raises(SystemExit, match=r"--config erpo/qwen-72b: no such file, and no shipped recipe"):
+        cli.main(["train", "erpo", "--config", "erpo/qwen-72b"])
+    text = _help(capsys, ["train", "--help"])
+    assert "accelerate launch -m trl_variants train erpo" in text and "accelerate launch $(which trl-variants)" in text
+    text = _help(capsys, ["train", "apo", "--help"])
+    assert text.startswith("usage: trl-variants train apo") and "--num_value_samples" in text
+
+
+def test_recipes_lists_every_shipped_yaml_and_prints_a_path(capsys):
+    from trl_variants import scripts
+
+    for argv in (["recipes"], ["train", "--list"]):
+        cli.main(argv)
+        out = capsys.readouterr().out
+        assert str(scripts.RECIPES_DIR) in out
+        for path in scripts.shipped_recipes():
+            assert f"  {scripts.recipe_name(path)} " in out
+        assert "  erpo/tiny_cpu" in out and "default" in out and "8 processes" in out
+    cli.main(["recipes", "--path", "accelerate/multi_gpu"])
+    assert capsys.readouterr().out.strip() == str(scripts.RECIPES_DIR / "accelerate" / "multi_gpu.yaml")
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["recipes", "--path", "nope"])
+    assert exit_info.value.code == 2 and "no shipped recipe" in capsys.readouterr().err

@@ -1,8 +1,11 @@
-"""``trl-variants`` command line (also ``python -m trl_variants``): ``trl-variants {presample,evaluate} --config
-file.yaml [--flag value ...]`` and ``trl-variants cache {list,clear}``.
+"""``trl-variants`` command line (also ``python -m trl_variants``): ``trl-variants train <method> [--config recipe]
+[--flag value ...]``, ``trl-variants recipes``, ``trl-variants {presample,evaluate} --config file.yaml [--flag value
+...]`` and ``trl-variants cache {list,clear}``.
 
-``presample`` and ``evaluate`` parse their arguments with TRL's ``TrlParser`` (YAML via ``--config``, command-line
-flags override it).
+``train``, ``presample`` and ``evaluate`` parse their arguments with TRL's ``TrlParser`` (YAML via ``--config``,
+command-line flags override it). ``train`` is what ``examples/train_<method>.py`` runs, from inside the package,
+with the recipes shipped in it: ``accelerate launch -m trl_variants train erpo ...`` or ``accelerate launch $(which
+trl-variants) train erpo ...``, as TRL documents ``accelerate launch $(which trl) grpo``.
 """
 
 from __future__ import annotations
@@ -357,8 +360,112 @@ def cache_main(argv: list[str]) -> None:
     print(f"removed {what}")
 
 
-COMMANDS = {"presample": presample_main, "evaluate": evaluate_main, "cache": cache_main}
+# --- trl-variants train / recipes -----------------------------------------------------------------------------------
+
+_HEADER_PROCESSES = re.compile(r"^#\s*processes:\s*(\d+)")
+
+
+def _describe(path) -> tuple[str, str]:
+    """``(processes, first header line)`` of a shipped YAML, for the listing."""
+    lines = path.read_text().splitlines()
+    first = lines[0].lstrip("#").strip() if lines and lines[0].startswith("#") else ""
+    processes = next((m.group(1) for m in map(_HEADER_PROCESSES.match, lines) if m), "")
+    return processes, first
+
+
+def recipes_text(width: int = 118) -> str:
+    """What ``trl-variants recipes`` / ``trl-variants train --list`` print: every shipped YAML by name."""
+    from .scripts import DEFAULT_RECIPE, METHODS, RECIPES_DIR, recipe_name, shipped_recipes
+
+    name_width = max(len(recipe_name(p)) for p in shipped_recipes())
+
+    def row(path, note: str | None) -> str:
+        text = f"  {recipe_name(path):<{name_width}}  {'' if note is None else f'{note:<12} '}{_describe(path)[1]}"
+        return text if len(text) <= width else text[:width - 3] + "..."
+
+    lines = [f"Recipes shipped with trl-variants, in {RECIPES_DIR} (a clone's configs/).", "",
+             "Training recipes: trl-variants train METHOD --config NAME   (NAME, NAME.yaml or METHOD/NAME; without "
+             f"--config: METHOD/{DEFAULT_RECIPE})"]
+    for method in METHODS:
+        for path in shipped_recipes(method):
+            processes = _describe(path)[0]
+            note = "default" if path.stem == DEFAULT_RECIPE else f"{processes} processes" if processes else ""
+            lines.append(row(path, note))
+    lines += ["", "Accelerate configs: accelerate launch --config_file $(trl-variants recipes --path accelerate/NAME) "
+              "-m trl_variants train ..."]
+    lines += [row(path, None) for path in shipped_recipes("accelerate")]
+    lines += ["", "A recipe's header gives its launch command from a clone (examples/train_METHOD.py --config "
+              "configs/METHOD/NAME.yaml); installed, the same run is", "  accelerate launch --config_file "
+              "$(trl-variants recipes --path accelerate/zero2) $(which trl-variants) train erpo --config "
+              "erpo/qwen2.5-math-7b",
+              "`trl-variants recipes --path NAME` prints a recipe's file (copy it to change it; --config takes a "
+              "path too)."]
+    return "\n".join(lines)
+
+
+def recipes_main(argv: list[str]) -> None:
+    from .scripts import resolve_recipe
+
+    parser = argparse.ArgumentParser(prog="trl-variants recipes", description=COMMAND_HELP["recipes"])
+    parser.add_argument("--path", metavar="NAME", default=None,
+                        help="Print the file of the shipped recipe or accelerate config NAME (e.g. "
+                             "erpo/qwen2.5-math-7b, accelerate/zero2) instead of the list.")
+    args = parser.parse_args(argv)
+    if args.path is None:
+        print(recipes_text())
+        return
+    try:
+        print(resolve_recipe(args.path, files=False))
+    except (FileNotFoundError, ValueError) as e:
+        print(f"trl-variants recipes: error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def train_usage() -> str:
+    from .scripts import DEFAULT_RECIPE, METHODS
+
+    return "\n".join([
+        "usage: trl-variants train {" + ",".join(METHODS) + "} [--config RECIPE] [--option value ...]",
+        "       trl-variants train --list",
+        "", COMMAND_HELP["train"], "",
+        "methods: erpo (ERPOTrainer), eepo (EEPOTrainer), dph (DPHTrainer), apo (APOTrainer), grpo (TRL's "
+        "GRPOTrainer, the baseline)",
+        f"--config RECIPE: a YAML file, or a shipped recipe by name (erpo/qwen2.5-math-7b, or qwen2.5-math-7b.yaml); "
+        f"default: METHOD/{DEFAULT_RECIPE}, the embedded task on a CPU, offline. Flags override the YAML.",
+        "--list: list the shipped recipes (also `trl-variants recipes`).",
+        "",
+        "Run `trl-variants train METHOD --help` for every option of a method. Several processes, as for TRL's "
+        "`accelerate launch $(which trl) grpo`:",
+        "  accelerate launch -m trl_variants train erpo [--config RECIPE] [--option value ...]",
+        "  accelerate launch $(which trl-variants) train erpo [--config RECIPE] [--option value ...]",
+    ])
+
+
+def train_cli(argv: list[str]) -> None:
+    from .scripts import METHODS, train_main
+
+    if not argv or argv[0] in ("-h", "--help"):
+        print(train_usage(), file=sys.stdout if argv else sys.stderr)
+        raise SystemExit(0 if argv else 2)
+    if argv[0] in ("--list", "-l"):
+        print(recipes_text())
+        return
+    if argv[0] not in METHODS:
+        problem = (f"expected a method before the options, got {argv[0]!r}" if argv[0].startswith("-")
+                   else f"unknown method {argv[0]!r}")
+        print(f"{train_usage()}\n\ntrl-variants train: error: {problem}; choose one of: {', '.join(METHODS)}",
+              file=sys.stderr)
+        raise SystemExit(2)
+    train_main(argv[0], argv=argv[1:], prog=f"trl-variants train {argv[0]}")
+
+
+COMMANDS = {"train": train_cli, "recipes": recipes_main, "presample": presample_main, "evaluate": evaluate_main,
+            "cache": cache_main}
 COMMAND_HELP = {
+    "train": "Train with ERPO, EEPO, DPH-RL, A*-PO or TRL's GRPO (`train erpo|eepo|dph|apo|grpo`) on a shipped recipe "
+             "(--config NAME; default: the tiny CPU one) or your YAML, flags overriding it: the example scripts, "
+             "inside the package.",
+    "recipes": "List the recipes and accelerate configs shipped in the package (`--path NAME`: a recipe's file).",
     "presample": "Run the offline reference pass (stage 1 of A*-PO and DPH-RL, ERPO's reference prompt "
                  "log-likelihoods) over a dataset and save (or push) the result with its dataset card.",
     "evaluate": "Sample and score models on a test split: greedy accuracy, avg@k / pass@k per temperature, entropy "
@@ -375,8 +482,10 @@ def usage() -> str:
     lines = [f"usage: trl-variants {{{','.join(COMMANDS)}}} [--option value ...]   (or: python -m trl_variants ...)",
              "", "commands:"]
     lines += [f"  {name:<10} {COMMAND_HELP[name]}" for name in COMMANDS]
-    lines += ["", "Run `trl-variants COMMAND --help` for every option of a command. presample and evaluate take "
-              "their options from a YAML file (--config FILE.yaml) and/or flags (flags override the file)."]
+    lines += ["", "Run `trl-variants COMMAND --help` for every option of a command. train, presample and evaluate "
+              "take their options from a YAML file (--config FILE.yaml) and/or flags (flags override the file).",
+              "Several processes: accelerate launch -m trl_variants train erpo ...   (or: accelerate launch $(which "
+              "trl-variants) train erpo ...)"]
     return "\n".join(lines)
 
 

@@ -137,7 +137,8 @@ class TrainScriptArguments(DataScriptArguments):
     heldout_k: int = field(default=4, metadata={"help": "Samples per held-out prompt for avg@k."})
 
 
-def parse_args(config_cls, default_config: str | Path | None = None, argv: list[str] | None = None):
+def parse_args(config_cls, default_config: str | Path | None = None, argv: list[str] | None = None,
+               prog: str | None = None):
     """``(script_args, training_args, model_args)`` from the command line; ``default_config`` is used as
     ``--config`` when none is given (so an example runs with no arguments). The held-out evaluation of the default
     YAML (``heldout_eval_steps``, made for the embedded task) applies only to the embedded task: with other data it
@@ -147,7 +148,7 @@ def parse_args(config_cls, default_config: str | Path | None = None, argv: list[
     origin = heldout_origin(argv, default_config)
     if default_config is not None and "--config" not in argv:
         argv = ["--config", str(default_config), *argv]
-    parser = TrlParser((TrainScriptArguments, config_cls, ModelConfig))
+    parser = TrlParser((TrainScriptArguments, config_cls, ModelConfig), prog=prog)
     script_args, training_args, model_args = parser.parse_args_and_config(args=argv)
     if origin.startswith("default config "):
         check_heldout_flags(script_args, origin)
@@ -453,11 +454,13 @@ def trainer_kwargs(script_args: TrainScriptArguments, training_args, model_args:
                 peft_config=get_peft_config(model_args))
 
 
-def run_training(trainer_cls, config_cls, default_config: str | Path | None = None, argv: list[str] | None = None):
+def run_training(trainer_cls, config_cls, default_config: str | Path | None = None, argv: list[str] | None = None,
+                 prog: str | None = None):
     """What every ``examples/train_<algorithm>.py`` does, top to bottom: parse (YAML + flags), check every flag, load
     the data and rewards, build the trainer, train, save, push."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    script_args, training_args, model_args = parse_args(config_cls, default_config=default_config, argv=argv)
+    script_args, training_args, model_args = parse_args(config_cls, default_config=default_config, argv=argv,
+                                                        prog=prog)
     check_heldout_flags(script_args, heldout_origin(argv, default_config))
     trainer = trainer_cls(**trainer_kwargs(script_args, training_args, model_args))
     if script_args.heldout_eval_steps:
@@ -524,3 +527,111 @@ def train_and_save(trainer, training_args, script_args):
                               f"(trained on {trainer.accelerator.num_processes} process(es))")
     trainer.accelerator.wait_for_everyone()
     trainer.accelerator.end_training()  # finishes trackers and destroys the process group (Gloo aborts at exit otherwise)
+
+
+# --- the training commands: `trl-variants train <method>`, examples/train_<method>.py -----------------------------
+
+RECIPES_DIR = Path(__file__).resolve().parent / "recipes"
+"""The shipped YAMLs (package data): ``<method>/<name>.yaml`` training recipes and ``accelerate/<name>.yaml``
+launch configs. A clone's ``configs/`` is a link to this folder."""
+
+METHODS = {
+    "erpo": ("trl_variants", "ERPOTrainer", "ERPOConfig"),
+    "eepo": ("trl_variants", "EEPOTrainer", "EEPOConfig"),
+    "dph": ("trl_variants", "DPHTrainer", "DPHConfig"),
+    "apo": ("trl_variants", "APOTrainer", "APOConfig"),
+    "grpo": ("trl", "GRPOTrainer", "GRPOConfig"),  # TRL's own trainer: the baseline, on the same setup
+}
+"""``trl-variants train <method>``: the module, trainer class and config class of each method."""
+
+DEFAULT_RECIPE = "tiny_cpu"
+"""Each method's default recipe (``<method>/tiny_cpu``): the embedded task on a CPU, offline."""
+
+
+def method_classes(method: str):
+    """``(trainer_cls, config_cls)`` of a method of :data:`METHODS`."""
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r}: choose one of {', '.join(METHODS)}")
+    module, trainer, config = METHODS[method]
+    module = importlib.import_module(module)
+    return getattr(module, trainer), getattr(module, config)
+
+
+def default_recipe(method: str) -> Path:
+    """The YAML a method trains with when no ``--config`` is given."""
+    return RECIPES_DIR / method / f"{DEFAULT_RECIPE}.yaml"
+
+
+def shipped_recipes(folder: str | None = None) -> list[Path]:
+    """The shipped YAMLs (of one folder: a method or ``accelerate``), sorted by name."""
+    return sorted(RECIPES_DIR.glob(f"{folder or '*'}/*.yaml"))
+
+
+def recipe_name(path: Path) -> str:
+    """``<folder>/<stem>`` of a shipped YAML (what ``--config`` accepts), e.g. ``erpo/qwen2.5-math-7b``."""
+    return f"{path.parent.name}/{path.stem}"
+
+
+def resolve_recipe(value: str, method: str | None = None, files: bool = True) -> Path:
+    """The YAML of ``--config value``: an existing file (as before), else a shipped recipe by name:
+    ``erpo/qwen2.5-math-7b`` (``.yaml`` optional), its file name ``qwen2.5-math-7b.yaml`` (looked up in ``method``'s
+    folder, then in the others if only one has it), or a clone's path ``configs/erpo/qwen2.5-math-7b.yaml`` (so a
+    recipe header's launch command works without a clone). ``files=False``: shipped recipes only."""
+    path = Path(value).expanduser()
+    if files and path.is_file():
+        return path
+    name = value.replace("\\", "/").removeprefix("./").removeprefix("configs/")
+    for suffix in (".yaml", ".yml"):
+        name = name.removesuffix(suffix)
+    if "/" in name:
+        found = [RECIPES_DIR / f"{name}.yaml"]
+    else:
+        found = [RECIPES_DIR / method / f"{name}.yaml"] if method else []
+        found = [p for p in found if p.is_file()] or [p for p in shipped_recipes() if p.stem == name]
+    found = [p for p in found if p.is_file()]
+    if len(found) == 1:
+        return found[0]
+    if len(found) > 1:
+        raise ValueError(f"{value}: several shipped recipes are named {name!r} "
+                         f"({', '.join(recipe_name(p) for p in found)}); give the folder too")
+    choices = [recipe_name(p) for p in shipped_recipes(method)] if method else []
+    choices = choices or [recipe_name(p) for p in shipped_recipes() if p.parent.name != "accelerate"]
+    raise FileNotFoundError(f"{value}: {'no such file, and ' if files else ''}no shipped recipe of that name (shipped"
+                            f"{' for ' + method if method else ''}: {', '.join(choices)}; "
+                            "`trl-variants recipes` lists them)")
+
+
+def _with_resolved_config(argv: list[str], method: str) -> list[str]:
+    """``argv`` with ``--config NAME`` (or ``--config=NAME``) replaced by the recipe's path."""
+    argv = list(argv)
+    for i, arg in enumerate(argv):
+        if arg.startswith("--config="):
+            argv[i:i + 1] = ["--config", arg.split("=", 1)[1]]
+            break
+    if "--config" in argv:
+        i = argv.index("--config")
+        if i + 1 >= len(argv):
+            raise ValueError("--config needs a value: a YAML path or a shipped recipe's name "
+                             "(`trl-variants train --list`)")
+        try:
+            path = resolve_recipe(argv[i + 1], method)
+        except (FileNotFoundError, ValueError) as e:
+            raise SystemExit(f"--config {e}") from None
+        if str(path) != argv[i + 1] and os.environ.get("RANK", "0") == "0":
+            print(f"--config {argv[i + 1]}: the shipped recipe {recipe_name(path)} ({path})")
+        argv[i + 1] = str(path)
+    return argv
+
+
+def train_main(method: str, trainer_cls=None, config_cls=None, argv: list[str] | None = None,
+               prog: str | None = None):
+    """``trl-variants train <method> [--config NAME_OR_PATH] [flags]`` and ``examples/train_<method>.py``: train with
+    :func:`run_training`; without ``--config`` on the method's default recipe (:func:`default_recipe`), with
+    ``--config`` on a YAML file or a shipped recipe (:func:`resolve_recipe`, bare names looked up in ``method``'s
+    folder first). ``trainer_cls`` / ``config_cls``: the method's own (:data:`METHODS`) unless given, e.g. your
+    subclass of them."""
+    if trainer_cls is None or config_cls is None:
+        own_trainer, own_config = method_classes(method)
+        trainer_cls, config_cls = trainer_cls or own_trainer, config_cls or own_config
+    argv = _with_resolved_config(sys.argv[1:] if argv is None else argv, method)
+    return run_training(trainer_cls, config_cls, default_recipe(method), argv=argv, prog=prog)
