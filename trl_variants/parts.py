@@ -17,6 +17,7 @@ train_dataset, kwargs)``
 ``after_scoring(trainer,      after GRPO has generated and scored a batch: change the advantages, add per-row
 inputs, output)``             tensors the loss reads
 ``wants_prompt_logps``        the part reads the prompt's log-likelihood off GRPO's own policy forward
+``around_grpo_loss(trainer)`` a context around GRPO's own loss computation (e.g. a setting that must differ there)
 ``loss(trainer, model,        after GRPO's loss: return the new total (GRPO's plus the part's terms, already
 inputs, forward, loss)``      scaled for gradient accumulation); ``forward`` holds what GRPO's policy forward
                               computed (:class:`PolicyForward`)
@@ -28,6 +29,7 @@ Metrics use ``trainer._metrics[mode]`` under the part's prefix (``erpo/...``).
 
 from __future__ import annotations
 
+from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -75,6 +77,9 @@ class Part:
     def after_scoring(self, trainer, inputs, output) -> None:
         pass
 
+    def around_grpo_loss(self, trainer):
+        return nullcontext()
+
     def loss(self, trainer, model, inputs, forward: PolicyForward, loss):
         return loss
 
@@ -107,9 +112,9 @@ class PartsTrainer(CheckpointStateMixin, ModelCardMixin, FiniteLossMixin, Offlin
         for part in self.parts:
             part.check(name, args, train_dataset, kwargs)
         reward_funcs = checked_reward_funcs(reward_funcs)  # a bad reward value is refused naming the function
+        self._policy_forward: PolicyForward | None = None
         super().__init__(model, reward_funcs, args=args, train_dataset=train_dataset, eval_dataset=eval_dataset,
                          **kwargs)
-        self._policy_forward: PolicyForward | None = None
         self._needs = {name: provide for part in self.parts for name, provide in part.needs.items()}
         if self._needs or any(type(p).setup is not Part.setup for p in self.parts):
             with self.offline_pass():
@@ -178,7 +183,10 @@ class PartsTrainer(CheckpointStateMixin, ModelCardMixin, FiniteLossMixin, Offlin
         forward = PolicyForward(want_prompt_logps=any(p.wants_prompt_logps for p in self.parts))
         self._policy_forward = forward  # read by the first forward below (GRPO's policy forward), then done
         try:
-            loss = super()._compute_loss(model, inputs)
+            with ExitStack() as stack:
+                for part in self.parts:
+                    stack.enter_context(part.around_grpo_loss(self))
+                loss = super()._compute_loss(model, inputs)
         finally:
             self._policy_forward = None
         for part in self.parts:

@@ -12,7 +12,7 @@ def test_trainer_drops_unsolved_prompts(tmp_path):
                                        presample_cache_dir=str(tmp_path / "cache"), max_completion_length=24,
                                        drop_unsolved=True),
                      train_dataset=train_dataset(n))
-    rewards = dph._presampled(train_dataset(n))["ref_rewards"]  # the cached reference samples of the split
+    rewards = dph.part("dph_rehearsal")._presampled(dph, train_dataset(n))["ref_rewards"]  # the split's cached samples
     unsolved = sum(max(r) < 1.0 for r in rewards)
     near_perfect = sum(min(r) >= 1.0 for r in rewards)
     assert 0 < unsolved < n, "the tiny model should solve some prompts and fail some: the test needs both"

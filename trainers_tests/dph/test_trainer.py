@@ -56,9 +56,9 @@ def test_pef_term_value_and_gradient_direction(tmp_path):
     inputs = dict(inputs, advantages=torch.zeros_like(inputs["advantages"]))  # isolate the D_pef term
     # Pretend pi_theta already moved away from the stored completions: stored log-probs 0.3 above the current ones
     dph._pef_epoch, dph._pef_pos = 0, 0
-    rows = dph._pef_order(0)[:2]
+    rows = dph.part("dph_rehearsal")._pef_order(dph, 0)[:2]
     batch = dph.pef_dataset.select(rows)
-    ids, attn, ref, mask, C = dph._pef_tensors(batch)
+    ids, attn, ref, mask, C = dph.part("dph_rehearsal")._pef_tensors(dph, batch)
     with torch.no_grad():
         current, _, _ = dph._get_per_token_logps_and_entropies(dph.model, ids, attn, C)
     shifted = [[x + 0.3 for x in r] for r in batch["completion_logps"]]
@@ -91,7 +91,7 @@ def test_uses_presampled_dataset_without_generating(tmp_path, monkeypatch):
     dph = _dph(tmp_path)
     saved = tmp_path / "presampled"
     ds = ps.presample(dph.model, dph.processing_class, train_dataset(48), accuracy_reward,
-                      dph._presample_config(4, 0))
+                      dph.part("dph_rehearsal")._presample_config(dph, 4, 0))
     ds.save_to_disk(str(saved))
     monkeypatch.setattr(ps, "generate_completions", lambda *a, **k: pytest.fail("generated again"))
     again = _dph(tmp_path / "2", dataset=load_from_disk(str(saved)))
@@ -129,7 +129,7 @@ def test_end_to_end_train_save_resume_continues_pef_stream(tmp_path):
     assert resumed.state.global_step == 3
     expected = _dph(tmp_path, **kw)  # where the stream stands after one more micro-step from the saved position
     expected._pef_epoch, expected._pef_pos = position
-    expected._next_pef_batch()
+    expected.part("dph_rehearsal").next_pef_batch(expected)
     assert (resumed._pef_epoch, resumed._pef_pos) == (expected._pef_epoch, expected._pef_pos)
 
 
@@ -242,7 +242,7 @@ def test_pef_stream_is_one_global_stream_whatever_the_process_count(tmp_path):
         dph.args.pef_batch_size = per_process
         dph._pef_epoch, dph._pef_pos = 0, 0
         try:
-            return [list(dph._next_pef_batch()["row"]) for _ in range(steps)], (dph._pef_epoch, dph._pef_pos)
+            return [list(dph.part("dph_rehearsal").next_pef_batch(dph)["row"]) for _ in range(steps)], (dph._pef_epoch, dph._pef_pos)
         finally:
             dph.accelerator = real
 

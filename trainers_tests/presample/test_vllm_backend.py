@@ -285,7 +285,7 @@ def test_trainer_pass_generates_with_its_engine(method, tmp_path, tiny_tokenizer
     if method == "apo":
         out = trainer._with_values(raw)
     else:
-        out = trainer._run_presample(raw, trainer.args.num_presamples, trainer.args.seed)
+        out = trainer.part("dph_rehearsal")._run_presample(trainer, raw, trainer.args.num_presamples, trainer.args.seed)
     n = 2
     assert synced == [1] and [s for call in llm.calls for s in call] == [request_seed(0, r, n) for r in range(8)]
     assert out["ref_prompt_ids"] == ids
