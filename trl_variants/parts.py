@@ -10,7 +10,8 @@ train_dataset, kwargs)``
 ``needs``                     reference quantities the part reads, ``{name: provide(trainer, dataset, split)}``
                               (e.g. ERPO's ``ref_prompt_logp``): computed once per dataset, however many parts
                               ask for it (:meth:`PartsTrainer._provide`)
-``setup(trainer)``            once, after ``GRPOTrainer.__init__``, inside the offline pass: prepare datasets
+``setup(trainer)``            once, after ``GRPOTrainer.__init__`` (inside the trainer's offline pass when the part
+                              sets ``offline_pass``): prepare datasets, the part's state
 ``eval_columns(trainer, d)``  the same for an evaluation dataset
 ``owns_rollout`` /            the part replaces GRPO's sampling of a batch (``_generate_single_turn``); at most
 ``generate(...)``             one part may
@@ -39,6 +40,7 @@ from ._card import ModelCardMixin
 from ._checkpoint import CheckpointStateMixin
 from ._common import EvalDatasetMixin, FiniteLossMixin, OfflinePassLogMixin, resolve_config
 from ._validation import check_train_dataset, checked_reward_funcs
+from .generation import pack_prompt_completion
 
 
 @dataclass
@@ -58,6 +60,7 @@ class Part:
 
     name = "part"
     needs: dict = {}  # name -> provide(trainer, dataset, split) -> dataset with that column
+    offline_pass = False  # setup samples or scores the dataset before training (timed and logged as offline_pass/)
     owns_rollout = False
     wants_prompt_logps = False
 
@@ -116,12 +119,12 @@ class PartsTrainer(CheckpointStateMixin, ModelCardMixin, FiniteLossMixin, Offlin
         super().__init__(model, reward_funcs, args=args, train_dataset=train_dataset, eval_dataset=eval_dataset,
                          **kwargs)
         self._needs = {name: provide for part in self.parts for name, provide in part.needs.items()}
-        if self._needs or any(type(p).setup is not Part.setup for p in self.parts):
-            with self.offline_pass():
-                self.train_dataset = self._provide(self.train_dataset, "train")
-                for part in self.parts:
-                    part.setup(self)
-                self.prepare_eval_datasets()
+        offline = bool(self._needs) or any(p.offline_pass for p in self.parts)
+        with self.offline_pass() if offline else nullcontext():  # its numbers reach the first log
+            self.train_dataset = self._provide(self.train_dataset, "train")
+            for part in self.parts:
+                part.setup(self)
+            self.prepare_eval_datasets()
 
     def part(self, name: str) -> Part:
         return next(p for p in self.parts if p.name == name)
@@ -192,6 +195,27 @@ class PartsTrainer(CheckpointStateMixin, ModelCardMixin, FiniteLossMixin, Offlin
         for part in self.parts:
             loss = part.loss(self, model, inputs, forward, loss)
         return loss
+
+    # ------------------------------------------------------------------------------- helpers for the parts ---
+    def _score(self, model, prompts, completions, entropy=False):
+        """Per-token log-probs (and entropies) of ``completions`` given ``prompts`` (token-id lists) under ``model``,
+        laid out and scored as GRPO scores a batch; returns ``(logps, entropies, completion_mask)``."""
+        device = self.accelerator.device
+        ids, attn, P = pack_prompt_completion(prompts, completions, self.processing_class.pad_token_id)
+        logps, ent, _ = self._get_per_token_logps_and_entropies(
+            model, ids.to(device), attn.to(device), ids.size(1) - P, batch_size=self.args.per_device_train_batch_size,
+            compute_entropy=entropy)
+        return logps, ent, attn[:, P:].to(device)
+
+    def _global_mean(self, values, mask) -> float:
+        """The mean of ``values`` over the unmasked entries of every process."""
+        totals = self.accelerator.reduce(torch.stack([(values * mask).sum(), mask.sum().to(values.dtype)]), "sum")
+        return (totals[0] / totals[1].clamp(min=1.0)).item()
+
+    def _sync_vllm(self):
+        """Push the current weights into the vLLM engine (a part that edits the weights for a rollout)."""
+        if self.use_vllm:
+            self.vllm_generation.sync_weights()
 
     # ---------------------------------------------------------------------------------------- checkpointing ---
     def _extra_state(self) -> dict:

@@ -49,6 +49,7 @@ class Rehearsal(Part):
     ``dph/num_pef_rows``, ``dph/num_exp_prompts`` (``dph/js_exp_term`` in the definition form)."""
 
     name = "dph_rehearsal"
+    offline_pass = True
 
     def __init__(self, args):
         self.args = args
