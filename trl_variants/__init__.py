@@ -6,6 +6,7 @@
 __version__ = "0.1.0"
 
 from .apo import APOConfig, APOTrainer
+from .composed import ComposedConfig, ComposedTrainer
 from .default import DEFAULT_MODEL_PATH, default_model_path, load_default_dataset
 from .dph import DPHConfig, DPHTrainer
 from .eepo import EEPOConfig, EEPOTrainer
@@ -15,6 +16,8 @@ from .rewards import accuracy_reward, format_reward
 __all__ = [
     "APOConfig",
     "APOTrainer",
+    "ComposedConfig",
+    "ComposedTrainer",
     "DPHConfig",
     "DPHTrainer",
     "DEFAULT_MODEL_PATH",

@@ -121,9 +121,9 @@ class PartsTrainer(CheckpointStateMixin, ModelCardMixin, FiniteLossMixin, Offlin
         self._needs = {name: provide for part in self.parts for name, provide in part.needs.items()}
         offline = bool(self._needs) or any(p.offline_pass for p in self.parts)
         with self.offline_pass() if offline else nullcontext():  # its numbers reach the first log
-            self.train_dataset = self._provide(self.train_dataset, "train")
-            for part in self.parts:
+            for part in self.parts:  # first: a part may replace the training set (DPH-RL: D_exp)
                 part.setup(self)
+            self.train_dataset = self._provide(self.train_dataset, "train")  # then the needs, on what is trained
             self.prepare_eval_datasets()
 
     def part(self, name: str) -> Part:

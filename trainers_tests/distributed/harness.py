@@ -90,7 +90,8 @@ def digit_reward(completions, **kwargs):
 
 def _config(name: str, world: int, out: Path):
     from trainers_tests.helpers import CPU_ARGS
-    from trl_variants import APOConfig, DPHConfig, EEPOConfig, ERPOConfig
+    from trl_variants import APOConfig, ComposedConfig, DPHConfig, EEPOConfig, ERPOConfig
+    from trl_variants.composed import PART_NAMES
 
     per_device = GLOBAL_ROWS // world
     # use_cpu makes Accelerate pick plain gloo DDP: under `accelerate launch` with a DeepSpeed or FSDP config it has
@@ -112,6 +113,11 @@ def _config(name: str, world: int, out: Path):
         return DPHConfig(num_generations=4, num_presamples=4, pef_threshold=4, pef_batch_size=8 // world,
                          divergence="forward_kl", dph_coef=1.0, presample_cache_dir=str(out / "cache"),
                          **dict(common, max_completion_length=40))
+    if name == "composed":  # every part at once: ERPO's weights and Query-KL, DPH-RL's rehearsal, EEPO's rollout
+        return ComposedConfig(num_generations=4, parts=list(PART_NAMES), entropy_gate="always", query_kl_coef=0.1,
+                              num_presamples=4, pef_threshold=4, pef_batch_size=8 // world, divergence="forward_kl",
+                              dph_coef=1.0, presample_cache_dir=str(out / "cache"),
+                              **dict(common, max_completion_length=40))
     if name == "apo":
         # A*-PO's regression loss starts at (r - V_hat)^2 with small residuals on the shipped model (V_hat from 4
         # samples is close to every reward): 10x the step size so that 3 steps move the weights well above the
@@ -153,7 +159,8 @@ def main(name: str, out: str) -> None:
     world = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun and accelerate launch both set it
     _per_row_generate()
     trainer_cls = {"erpo": trl_variants.ERPOTrainer, "eepo": trl_variants.EEPOTrainer,
-                   "dph": trl_variants.DPHTrainer, "apo": trl_variants.APOTrainer}[name]
+                   "dph": trl_variants.DPHTrainer, "apo": trl_variants.APOTrainer,
+                   "composed": trl_variants.ComposedTrainer}[name]
     args = _config(name, world, out)
     process_type = PartialState().distributed_type
     if os.environ.get("ACCELERATE_USE_FSDP") == "true" and "GPU" not in str(process_type):
@@ -175,10 +182,10 @@ def main(name: str, out: str) -> None:
     trainer.add_callback(_phase_callback())
     observed = {"world": world, "distributed_type": str(trainer.accelerator.distributed_type),
                 "deepspeed": trainer.is_deepspeed_enabled, "fsdp": trainer.is_fsdp_enabled}
-    if name == "eepo":
+    if name in ("eepo", "composed"):
         _watch_eepo_rollout_models(trainer, observed)
-    if name in ("dph", "apo"):  # what the offline pass produced (DPH-RL: the split it made), to compare backends
-        parts = [trainer.train_dataset] + ([trainer.pef_dataset] if name == "dph" else [])
+    if name in ("dph", "apo", "composed"):  # what the offline pass produced (DPH-RL: the split it made), to compare backends
+        parts = [trainer.train_dataset] + ([trainer.pef_dataset] if name in ("dph", "composed") else [])
         text = json.dumps([part.to_dict() for part in parts], sort_keys=True, default=str)
         observed["offline_pass_digest"] = hashlib.sha256(text.encode()).hexdigest()
     trainer.train()

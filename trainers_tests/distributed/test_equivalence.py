@@ -61,12 +61,13 @@ def assert_same_run(one: Path, two: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("trainer,port", [("erpo", 29621), ("apo", 29623), ("dph", 29625), ("eepo", 29627)])
+@pytest.mark.parametrize("trainer,port", [("erpo", 29621), ("apo", 29623), ("dph", 29625), ("eepo", 29627),
+                                          ("composed", 29629)])
 def test_two_processes_train_as_one(tmp_path, trainer, port):
     launch(1, trainer, tmp_path / "one", port)
     launch(2, trainer, tmp_path / "two", port + 1)
     assert_same_run(tmp_path / "one", tmp_path / "two")
-    if trainer == "eepo":
+    if trainer in ("eepo", "composed"):
         ranks = [json.loads((tmp_path / "two" / f"rank{r}.json").read_text()) for r in (0, 1)]
         digests = [r["rollout_model_digests"] for r in ranks]
         assert len(digests[0]) == 3 and digests[0] == digests[1]  # every rank sampled stage 2 from the same model
