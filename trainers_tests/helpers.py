@@ -191,3 +191,19 @@ def tiny_reward_model(path, seed: int = 0) -> str:
     LlamaForSequenceClassification(config).save_pretrained(path)
     AutoTokenizer.from_pretrained(DEFAULT_MODEL_PATH).save_pretrained(path)
     return str(path)
+
+
+def rollouts_with_and_without_query_weights(plain, weighted, prompts=(0, 1), group=4):
+    """The same rollouts (same seed, same rows) scored by ``plain`` and by ``weighted`` (its ``erpo_query_weights``
+    part on); asserts they sampled the same completions and that ``weighted``'s advantages are ``plain``'s times the
+    part's w(s). Returns both outputs."""
+    rows = [plain.train_dataset[i] for i in prompts for _ in range(group)]
+    out = {}
+    for name, trainer in (("plain", plain), ("weighted", weighted)):
+        trainer.model.train()
+        torch.manual_seed(7)
+        out[name] = trainer._generate_and_score_completions([dict(r) for r in rows])
+    assert torch.equal(out["plain"]["completion_ids"], out["weighted"]["completion_ids"])
+    w = weighted.part("erpo_query_weights").weights(weighted, None, out["weighted"])
+    torch.testing.assert_close(out["weighted"]["advantages"], out["plain"]["advantages"] * w)
+    return out["plain"], out["weighted"]

@@ -15,6 +15,7 @@ from ..helpers import (
     fixed_batch,
     grpo_trainer,
     loss_and_grads,
+    rollouts_with_and_without_query_weights,
     small_config,
     train_dataset,
 )
@@ -79,17 +80,9 @@ def test_query_weights_scale_the_advantages_with_another_part(tmp_path, other):
     kw = dict(entropy_gate="always", num_generations=4) if other.startswith("eepo") else {}
     plain = _composed(tmp_path, [other], **kw)
     weighted = _composed(tmp_path, ["erpo_query_weights", other], **kw)
-    rows = [plain.train_dataset[i] for i in (0, 1) for _ in range(4)]
-    out = {}
-    for name, trainer in (("plain", plain), ("weighted", weighted)):
-        trainer.model.train()
-        torch.manual_seed(7)
-        out[name] = trainer._generate_and_score_completions([dict(r) for r in rows])
-    assert torch.equal(out["plain"]["completion_ids"], out["weighted"]["completion_ids"])
-    w = weighted.part("erpo_query_weights").weights(weighted, None, out["weighted"])
-    torch.testing.assert_close(out["weighted"]["advantages"], out["plain"]["advantages"] * w)
+    out_plain, out_weighted = rollouts_with_and_without_query_weights(plain, weighted)
     if other.startswith("eepo"):  # stage 2's old log-probs still come from the unlearned weights
-        torch.testing.assert_close(out["weighted"]["old_per_token_logps"], out["plain"]["old_per_token_logps"])
+        torch.testing.assert_close(out_weighted["old_per_token_logps"], out_plain["old_per_token_logps"])
 
 
 def test_eepo_rollout_and_query_kl(tmp_path):

@@ -14,6 +14,7 @@ from ..helpers import (
     fixed_batch,
     grpo_trainer,
     loss_and_grads,
+    rollouts_with_and_without_query_weights,
     small_config,
     train_dataset,
 )
@@ -108,15 +109,7 @@ def test_reference_query_weights_from_dataset_column(tmp_path):
 def test_advantages_are_multiplied_by_query_weights(tmp_path):
     plain = _erpo(tmp_path, use_query_weights=False, query_kl_coef=0.0)
     weighted = _erpo(tmp_path, query_kl_coef=0.0)
-    rows = [plain.train_dataset[i] for i in (0, 1) for _ in range(4)]
-    out = {}
-    for name, trainer in (("plain", plain), ("weighted", weighted)):
-        trainer.model.train()
-        torch.manual_seed(7)
-        out[name] = trainer._generate_and_score_completions([dict(r) for r in rows])
-    assert torch.equal(out["plain"]["completion_ids"], out["weighted"]["completion_ids"])
-    w = weighted.part("erpo_query_weights").weights(weighted, None, out["weighted"])
-    torch.testing.assert_close(out["weighted"]["advantages"], out["plain"]["advantages"] * w)
+    rollouts_with_and_without_query_weights(plain, weighted)  # same completions, advantages times w(s)
 
 
 def test_config_validation():
