@@ -28,14 +28,20 @@ def string_reward(completions, **kwargs):
     return ["1.0" for _ in completions]
 
 
+def _training(trainer_state) -> bool:
+    """Whether training runs: the offline pass, in the trainer's __init__, sees the trainer's state before train()
+    sets max_steps."""
+    return trainer_state is not None and trainer_state.max_steps > 0
+
+
 def late_string_reward(completions, trainer_state=None, **kwargs):
-    """Numbers in the offline pass (which passes trainer_state=None: half right, so DPH-RL keeps prompts to explore
-    and A*-PO prompts with a right sample), strings once training runs."""
-    return [float(i % 2) if trainer_state is None else "1.0" for i in range(len(completions))]
+    """Numbers in the offline pass (half right, so DPH-RL keeps prompts to explore and A*-PO prompts with a right
+    sample), strings once training runs."""
+    return [float(i % 2) if not _training(trainer_state) else "1.0" for i in range(len(completions))]
 
 
 def late_short_reward(completions, trainer_state=None, **kwargs):
-    return [0.5] * (len(completions) - (trainer_state is not None))
+    return [0.5] * (len(completions) - _training(trainer_state))
 
 
 # ----------------------------------------------------------------------------------------- the shared check ---
