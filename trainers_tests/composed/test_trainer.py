@@ -28,7 +28,7 @@ def _composed(tmp_path, parts, **kw):
     return ComposedTrainer(model=DEFAULT_MODEL_PATH, reward_funcs=accuracy_reward,
                            args=small_config(ComposedConfig, tmp_path / "-".join(parts or ["none"]), parts=parts,
                                              presample_cache_dir=str(tmp_path / "cache"), **kw),
-                           train_dataset=train_dataset(32))
+                           train_dataset=train_dataset(16))
 
 
 def _loss_at_stream_start(trainer, inputs):
