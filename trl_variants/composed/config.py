@@ -47,8 +47,3 @@ class ComposedConfig(ERPOConfig, DPHConfig, EEPOConfig):
         if "eepo_two_stage_rollout" in self.parts and self.entropy_gate == "never":
             raise ValueError("ComposedConfig.parts has 'eepo_two_stage_rollout' but entropy_gate='never' turns it off: "
                              "drop the part or set entropy_gate to 'auto' / 'always'")
-
-    @property
-    def needs_reference_prompt_logps(self) -> bool:
-        return "erpo_query_kl" in self.parts or (
-            "erpo_query_weights" in self.parts and self.query_weight_source == "reference")

@@ -78,7 +78,3 @@ class ERPOConfig(GRPOConfig):
             raise ValueError(f"query_weight_max must be > 0, got {self.query_weight_max}")
         if self.reference_batch_size < 1:
             raise ValueError(f"reference_batch_size must be >= 1, got {self.reference_batch_size}")
-
-    @property
-    def needs_reference_prompt_logps(self) -> bool:
-        return self.query_kl_coef > 0 or (self.use_query_weights and self.query_weight_source == "reference")
