@@ -163,6 +163,24 @@ def check_train_dataset(dataset, trainer_name: str, split: str = "train_dataset"
                          "dataset.filter(...)")
 
 
+def check_reward_columns_before_load(reward_funcs, dataset, trainer_name: str) -> None:
+    """Every dataset column a reward function requires (a parameter without default that is not part of TRL's
+    reward signature) is a column of ``dataset``, checked before the model loads (GRPOTrainer would fail at the first
+    reward call, after the model load and the first generation). Reward models and Hub ids are TRL's to score."""
+    from torch import nn
+
+    from .presample.reward_calls import check_reward_columns
+
+    columns = getattr(dataset, "column_names", None)
+    if columns is None or reward_funcs is None or isinstance(dataset, dict):
+        return  # no dataset, or a stream of unknown features (checked when it is read)
+    funcs = reward_funcs if isinstance(reward_funcs, list) else [reward_funcs]
+    try:
+        check_reward_columns([f for f in funcs if callable(f) and not isinstance(f, nn.Module)], columns)
+    except ValueError as e:
+        raise ValueError(f"{trainer_name}: {e}") from None
+
+
 def check_presampled_columns(dataset, needed, trainer_name: str, option: str) -> None:
     """A dataset that already has presample columns but not the ones this trainer needs was presampled for another
     trainer: name the missing columns and the ``trl-variants presample`` option that makes them."""

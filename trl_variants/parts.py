@@ -39,7 +39,7 @@ from trl import GRPOTrainer
 from ._card import ModelCardMixin
 from ._checkpoint import CheckpointStateMixin
 from ._common import EvalDatasetMixin, FiniteLossMixin, OfflinePassLogMixin, resolve_config
-from ._validation import check_train_dataset, checked_reward_funcs
+from ._validation import check_reward_columns_before_load, check_train_dataset, checked_reward_funcs
 from .generation import pack_prompt_completion
 
 
@@ -114,6 +114,7 @@ class PartsTrainer(CheckpointStateMixin, ModelCardMixin, FiniteLossMixin, Offlin
             raise ValueError(f"parts {owners[0]!r} and {owners[1]!r} each replace GRPO's rollout: use one of them")
         for part in self.parts:
             part.check(name, args, train_dataset, kwargs)
+        check_reward_columns_before_load(reward_funcs, train_dataset, name)
         reward_funcs = checked_reward_funcs(reward_funcs)  # a bad reward value is refused naming the function
         self._policy_forward: PolicyForward | None = None
         super().__init__(model, reward_funcs, args=args, train_dataset=train_dataset, eval_dataset=eval_dataset,

@@ -271,3 +271,21 @@ def test_damaged_presample_cache_is_recomputed(tmp_path, tiny_model, tiny_tokeni
     assert again["ref_prompt_logp"] == first["ref_prompt_logp"]
     third = presample(tiny_model, tiny_tokenizer, data, [], config)  # the rewritten cache entry is sound
     assert third["ref_prompt_logp"] == first["ref_prompt_logp"]
+
+
+# ------------------------------------------------------------------ reward functions' columns, before the load ---
+def answer_reward(completions, answer, **kwargs):  # needs a dataset column "answer"
+    return [float(a in c[0]["content"]) for a, c in zip(answer, completions, strict=True)]
+
+
+@pytest.mark.parametrize("trainer_cls,config_cls", TRAINERS, ids=IDS)
+def test_reward_function_columns_are_checked_before_the_model_loads(trainer_cls, config_cls, tmp_path, no_model_load):
+    """A reward function that needs a column the dataset lacks: refused naming the function and the column, before
+    the model loads (GRPOTrainer fails at the first reward call, after loading and generating)."""
+    with pytest.raises(ValueError, match=rf"{trainer_cls.__name__}: reward function 'answer_reward' needs the dataset "
+                                         r"column 'answer'.*\(columns: \['prompt', 'solution'\]\)"):
+        trainer_cls(model=DEFAULT_MODEL_PATH, reward_funcs=[accuracy_reward, answer_reward],
+                    args=_config(config_cls, tmp_path), train_dataset=_prompts(*PROMPTS))
+    with pytest.raises(ModelLoaded):  # with the column, the same call goes on to load the model
+        trainer_cls(model=DEFAULT_MODEL_PATH, reward_funcs=[accuracy_reward, answer_reward],
+                    args=_config(config_cls, tmp_path), train_dataset=_prompts(*PROMPTS, answer=["5", "5"]))

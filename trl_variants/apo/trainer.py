@@ -37,7 +37,12 @@ from .._common import (
 )
 from .._data import run_on_rows
 from .._reference import frozen_copy_of_policy
-from .._validation import check_presampled_columns, check_train_dataset, checked_reward_funcs
+from .._validation import (
+    check_presampled_columns,
+    check_reward_columns_before_load,
+    check_train_dataset,
+    checked_reward_funcs,
+)
 from ..presample import PresampleConfig, check_presample_options, presample, summarize
 from ..presample.metadata import is_correct
 from ..presample.vllm_backend import trainer_generator
@@ -63,6 +68,7 @@ class APOTrainer(CheckpointStateMixin, ModelCardMixin, FiniteLossMixin, OfflineP
         # GRPOTrainer reloads its reference from the model's name; for an in-memory model that is not the policy we
         # were given, so in that case we build the reference ourselves from the given weights.
         own_reference = isinstance(model, PreTrainedModel) and peft_config is None
+        check_reward_columns_before_load(reward_funcs, train_dataset, "APOTrainer")
         reward_funcs = checked_reward_funcs(reward_funcs)  # a bad reward value is refused naming the function
         beta2 = args.beta
         if own_reference:
