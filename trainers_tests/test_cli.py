@@ -315,7 +315,7 @@ def test_cache_list_and_clear(tmp_path, capsys, monkeypatch):
     assert "removed 1 entry" in capsys.readouterr().out
 
 
-# --- trl-variants train / recipes: the examples and the recipes inside the package (issue #25 item 1) ---------------
+# --- trl-variants train / recipes: the examples and the recipes inside the package ---------------
 
 
 def test_the_recipes_ship_inside_the_package_and_configs_is_a_link_to_them():

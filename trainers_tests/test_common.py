@@ -1,6 +1,5 @@
 """The offline pass as the trainers run it (``trl_variants._common``): it scores exactly the prompt ids the trainer
-trains on, samples with exactly the trainer's sampling options, and refuses presampled data made otherwise
-(issue #13, items 5 and 7)."""
+trains on, samples with exactly the trainer's sampling options, and refuses presampled data made otherwise."""
 
 import pytest
 import torch

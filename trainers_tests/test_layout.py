@@ -1,5 +1,5 @@
 """Repository layout: ``docs/`` holds prose only; every generated output lives under ``results/<study>/`` beside a
-README.md that names the command (an existing script) that made it (issue #15)."""
+README.md that names the command (an existing script) that made it."""
 
 import re
 from pathlib import Path

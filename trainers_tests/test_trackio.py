@@ -1,4 +1,4 @@
-"""``report_to=["trackio"]`` (issue #14, item 4): every trainer trains with trackio, and the offline pass's numbers
+"""``report_to=["trackio"]``: every trainer trains with trackio, and the offline pass's numbers
 reach it once it starts. The pass runs in ``__init__``, before transformers starts any tracker; TRL's profiling
 reported its scoring forwards to trackio there and crashed ERPO and DPH-RL ("Call trackio.init() before
 trackio.log()"). Local and offline: trackio writes an SQLite database under a temporary directory."""

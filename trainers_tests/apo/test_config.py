@@ -1,4 +1,4 @@
-"""APOConfig refuses the GRPO options its regression loss does not use (issue #14): a changed value is named, with
+"""APOConfig refuses the GRPO options its regression loss does not use: a changed value is named, with
 the reason and the fix, instead of being silently ignored."""
 
 from dataclasses import fields

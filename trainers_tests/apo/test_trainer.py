@@ -156,7 +156,7 @@ def test_end_to_end_and_resume_does_not_rerun_stage1(tmp_path, monkeypatch):
 
 
 def test_log_ratio_is_taken_at_the_sampling_temperature(tmp_path):
-    """Issue #13 item 8, decided from the paper (pi_ref is the distribution the samples come from; the authors'
+    """Decided from the paper (pi_ref is the distribution the samples come from; the authors'
     ``dp_actor_apo.py`` divides the logits by the rollout temperature for the policy and the reference): at T = 0.7
     the loss uses log softmax(logits / 0.7), which differs from TRL's A2POTrainer's temperature-1 log-probs."""
     T, beta2 = 0.7, 0.5

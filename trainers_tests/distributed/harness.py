@@ -1,5 +1,5 @@
 """Train one trainer for a few steps on a fixed GLOBAL batch and write what it logged and its final weights, so that a
-run on 1 process and a run on N processes can be compared (issue #13).
+run on 1 process and a run on N processes can be compared.
 
     torchrun --nproc_per_node N trainers_tests/distributed/harness.py TRAINER OUT_DIR
     accelerate launch --config_file configs/accelerate/zero2.yaml trainers_tests/distributed/harness.py TRAINER OUT

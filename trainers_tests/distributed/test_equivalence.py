@@ -1,4 +1,4 @@
-"""Two processes train exactly as one (issue #13): each trainer on 2 gloo ranks and on 1, same global batch, data
+"""Two processes train exactly as one: each trainer on 2 gloo ranks and on 1, same global batch, data
 order, seed and completions (``harness.py``), compared step by step and at the end.
 
 Tolerances, and why they are not zero. The harness runs the model in float64, but TRL's fused LM head computes its
@@ -9,7 +9,7 @@ Measured (1 vs 2 processes, 3 steps): largest parameter difference ERPO 3.7e-8, 
 largest relative metric difference 1.5e-5 (a gradient norm). Hence:
 * every logged number: relative 1e-4, absolute 1e-6 (some logged values are ~0: a loss of +-1e-7);
 * final parameters: absolute 2e-7.
-The same comparison on the code before issue #13's fixes: EEPO's metrics differ by 300% (each rank unlearned with
+The same comparison on the code before the distributed fixes: EEPO's metrics differ by 300% (each rank unlearned with
 its own gradient; the temporary rollout models differ), DPH-RL's parameters by 6e-6 and its D_pef loss by 5%
 (per-process D_pef stream and token mean).
 Two choices of the harness keep those tolerances meaningful. A dense reward (accuracy + digits / 10) gives every

@@ -191,7 +191,7 @@ print("OK", digests)
 
 def test_correctness_is_the_accuracy_reward_not_the_summed_reward(tmp_path):
     """With accuracy + format rewards, a well-formatted wrong answer is not "correct": D_pef holds only completions
-    whose accuracy reward is 1 (issue #13 item 6; the summed reward is > 0 for every formatted completion)."""
+    whose accuracy reward is 1 (the summed reward is > 0 for every formatted completion)."""
     from trl_variants import format_reward
 
     ds = train_dataset(24)
@@ -216,7 +216,7 @@ def test_correctness_is_the_accuracy_reward_not_the_summed_reward(tmp_path):
 
 def test_reference_samples_do_not_depend_on_the_per_device_batch(tmp_path):
     """The same global run on 1 process (16 rows per device) and on 2 (8 rows per device) must rehearse the same
-    reference samples: the pass's layout is fixed, not derived from per_device_train_batch_size (issue #13 item 10).
+    reference samples: the pass's layout is fixed, not derived from per_device_train_batch_size.
     Each run gets its own cache, so both really sample."""
     a = _dph(tmp_path / "a", per_device_train_batch_size=16, dataset=train_dataset(24))
     b = _dph(tmp_path / "b", per_device_train_batch_size=8, dataset=train_dataset(24))
@@ -228,7 +228,7 @@ def test_reference_samples_do_not_depend_on_the_per_device_batch(tmp_path):
 def test_pef_stream_is_one_global_stream_whatever_the_process_count(tmp_path):
     """Seven rehearsal rows (odd), two rows per process per micro-step: on 2 processes each micro-step rehearses
     exactly the 4 rows the 1-process stream (4 rows per micro-step) rehearses, wrapping into the next epoch at the
-    same row, and both processes hold the same stream position (issue #13 items 3 and 10)."""
+    same row, and both processes hold the same stream position."""
     from types import SimpleNamespace
 
     from datasets import Dataset

@@ -211,7 +211,7 @@ def test_a_wrong_header_is_caught(tmp_path, bf16_anywhere):
 
 
 def test_an_unknown_field_fails_to_parse(tmp_path, bf16_anywhere):
-    """The bug of issue #14: a recipe field the installed versions do not know (`warmup_ratio` from transformers 5.2
+    """The bug: a recipe field the installed versions do not know (`warmup_ratio` from transformers 5.2
     on, `activation_checkpointing` before 5.23) is refused at parse time. A misspelt field is unknown to every
     version of the supported range, so this holds at both ends of it (scripts/lowest_versions.py)."""
     source = CONFIGS / "erpo" / "qwen2.5-math-7b.yaml"
@@ -240,7 +240,7 @@ def test_accelerate_config_loads_with_accelerate(path):
 
 
 def test_eepo_recipe_has_the_papers_kl_and_entropy_coefficients(bf16_anywhere):
-    """EEPO App. A: "The KL loss and entropy loss coefficient are set to 1e-4 and 1e-5" (issue #13 item 9);
+    """EEPO App. A: "The KL loss and entropy loss coefficient are set to 1e-4 and 1e-5";
     EEPOConfig itself keeps GRPO's 0 / 0 (so that entropy_gate="never" is exactly GRPOTrainer), the recipe sets them."""
     _, args, _ = parse_recipe(CONFIGS / "eepo" / "qwen2.5-3b.yaml")
     assert args.beta == 1e-4 and args.entropy_coef == 1e-5

@@ -1,4 +1,4 @@
-"""The examples as a drop-in for TRL's ``grpo.py`` (issue #14 items 3 and 5): every flag of TRL's GRPO script parses
+"""The examples as a drop-in for TRL's ``grpo.py``: every flag of TRL's GRPO script parses
 and works or is refused by name before anything loads; QLoRA flags pass TRL's quantization config (or fail clearly
 where bitsandbytes cannot run); reward models and dataset mixtures work on the tiny default."""
 

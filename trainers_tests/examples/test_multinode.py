@@ -1,4 +1,4 @@
-"""The multi-node recipe path (issue #14 item 12): the multi-node accelerate configs load with accelerate's own
+"""The multi-node recipe path: the multi-node accelerate configs load with accelerate's own
 config class, and ``scripts/slurm_train.sh --dry_run`` renders, from fake SLURM variables, the commands a real job
 would run: one ``accelerate launch`` per training node with its own machine rank and the job's rendezvous, the batch
 flags that keep a recipe's numbers on another process count, the vLLM server on a reserved node, and a refusal where

@@ -1,4 +1,4 @@
-"""Prompt templating and the prompt-length filter of the example scripts (issue #14 item 6, docs/recipes.md gaps 2
+"""Prompt templating and the prompt-length filter of the example scripts (docs/recipes.md gaps 2
 and 3): a system prompt, re-templating a string ``prompt`` column (DAPO's stored text), plain-text prompts without
 the chat template, dropping prompts over N tokens; and the DPH-RL / A*-PO recipes that use them."""
 

@@ -1,4 +1,4 @@
-"""The package without a clone (issue #25 item 1): a wheel built from this checkout, installed into a fresh venv,
+"""The package without a clone: a wheel built from this checkout, installed into a fresh venv,
 trains every method offline from a directory outside the repo with nothing but ``trl-variants train <method>``.
 
 The venv reuses this environment's dependencies without a network: a ``.pth`` file adds this environment's

@@ -1,4 +1,4 @@
-"""The cache key covers everything that changes a pass's result (issue #16, item 1; issue #13, item 10)."""
+"""The cache key covers everything that changes a pass's result."""
 
 import importlib
 import shutil
@@ -131,7 +131,7 @@ def test_reward_fingerprint_is_stable_once_the_reward_has_run():
 
 
 def test_trainer_checked_reward_is_the_same_cache_entry(tmp_path, prompts, tiny_model, tiny_tokenizer, monkeypatch):
-    """The trainers wrap their reward functions (``CheckedReward``, issue #16): the wrapped function keys the cache,
+    """The trainers wrap their reward functions (``CheckedReward``): the wrapped function keys the cache,
     so a pass made with the plain function (e.g. by `trl-variants presample`) is a hit for a trainer, not re-scored."""
     from trl_variants._validation import checked_reward_funcs
 

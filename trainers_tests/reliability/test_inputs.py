@@ -1,4 +1,4 @@
-"""Validated inputs (issue #16, items 3 and 6-9): a wrong input is refused with a message naming the field, column,
+"""Validated inputs: a wrong input is refused with a message naming the field, column,
 rows or path and the fix, before the model loads (the ``no_model_load`` fixture makes any load fail the test)."""
 
 from __future__ import annotations
@@ -156,7 +156,7 @@ def test_missing_prompt_column_refused_before_model_load(trainer_cls, config_cls
 
 @pytest.mark.parametrize("trainer_cls,config_cls", TRAINERS, ids=IDS)
 def test_empty_training_set_refused_before_model_load(trainer_cls, config_cls, tmp_path, no_model_load):
-    """Issue #16 item 3: an empty training set trained 0 steps and an example saved the untouched base."""
+    """An empty training set trained 0 steps and an example saved the untouched base."""
     data = _prompts("What is 2 + 3?").select([])
     with pytest.raises(ValueError, match=rf"{trainer_cls.__name__}: the train_dataset has no rows.*filter"):
         trainer_cls(DEFAULT_MODEL_PATH, accuracy_reward, args=_config(config_cls, tmp_path), train_dataset=data)

@@ -1,4 +1,4 @@
-"""A non-finite loss stops training with a message before the update (issue #16 item 2): transformers would log it
+"""A non-finite loss stops training with a message before the update: transformers would log it
 as 0 and the optimizer would turn every weight into NaN."""
 
 import pytest

@@ -1,5 +1,5 @@
 """A presampled dataset records which weights made it, and ERPO, DPH-RL and A*-PO refuse one made by another model
-(issue #16, item 3: it was used silently as the reference), before the first forward; the same weights in another
+(it was used silently as the reference), before the first forward; the same weights in another
 dtype, or under PEFT, are accepted."""
 
 from __future__ import annotations

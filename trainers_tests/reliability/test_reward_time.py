@@ -1,4 +1,4 @@
-"""Reward time bound (issue #16, item 4): every accuracy reward call is bounded in time, in any thread.
+"""Reward time bound: every accuracy reward call is bounded in time, in any thread.
 
 The first call of a process starts the worker (about 1.5 s, once); the ``warm`` fixture pays it so that each
 timed call below measures the per-completion bound only.

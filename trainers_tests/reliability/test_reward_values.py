@@ -1,4 +1,4 @@
-"""What reward functions return is checked, by the trainers and by the offline pass alike (issue #16, item 9): a
+"""What reward functions return is checked, by the trainers and by the offline pass alike: a
 string, a non-number, an infinite value or the wrong number of values is refused at the call that returned it,
 naming the function, the completion, the value and its type, and the fix. None (no reward) stays allowed, as in TRL.
 GRPOTrainer used to fail later with "too many dimensions 'str'"."""
