@@ -1,7 +1,8 @@
 """The docs stand alone: users clone only this repository, so nothing a user reads may point outside it.
 
 Checked in README.md, docs/**/*.md, configs/**/*.yaml, results/**/README.md, examples/*.py, trl_variants/**/*.py,
-scripts/* and benchmarks/* (the docstrings and comments of the .py files are checked with the rest of their text):
+scripts/*, benchmarks/* and the tests (the docstrings and comments of the .py files are checked with the rest of
+their text):
 
 * paths into the project's private notes (``shared/``, ``ALGORITHMS.md``, ``papers/<name>.txt``) and line-number
   citations of those paper texts (``l. 291``): cite the paper (title or short name, arXiv id, section / equation /
@@ -48,6 +49,8 @@ def files_to_check(root: Path = ROOT) -> list[Path]:
     for pattern in ("docs/**/*.md", "configs/**/*.yaml", "results/**/README.md", "examples/*.py",
                     "trl_variants/**/*.py", "scripts/*.py", "scripts/*.sh", "benchmarks/*.py", "benchmarks/*.sh"):
         found += sorted(root.glob(pattern))
+    # the tests too, but not this file (its cases are the patterns it looks for)
+    found += [p for p in sorted(root.glob("trainers_tests/**/*.py")) if p.name != Path(__file__).name]
     return [p for p in found if p.is_file()]
 
 
