@@ -52,6 +52,12 @@ def sampling_options(trainer) -> dict:
                 generation_kwargs=trainer.args.generation_kwargs or None)
 
 
+def params_sharded(trainer) -> bool:
+    """Whether the trainer's parameters are partitioned over processes once prepared (DeepSpeed ZeRO-3 or FSDP)."""
+    plugin = getattr(trainer.accelerator.state, "deepspeed_plugin", None)
+    return trainer.is_fsdp_enabled or (trainer.is_deepspeed_enabled and plugin is not None and plugin.zero_stage == 3)
+
+
 def offline_reward_funcs(trainer, who: str) -> list:
     """``trainer``'s reward functions as its offline pass calls them: each reward model wrapped with its tokenizer
     (scored as GRPOTrainer scores it). Refused when a reward model is sharded (ZeRO-3, FSDP): every process runs its
@@ -59,8 +65,7 @@ def offline_reward_funcs(trainer, who: str) -> list:
     from .presample.reward_calls import offline_reward_funcs as wrap
 
     has_model = any(isinstance(f, torch.nn.Module) for f in trainer.reward_funcs)
-    plugin = getattr(trainer.accelerator.state, "deepspeed_plugin", None)
-    if has_model and (trainer.is_fsdp_enabled or trainer.is_deepspeed_enabled and plugin.zero_stage == 3):
+    if has_model and params_sharded(trainer):
         raise ValueError(f"{who}: the offline pass cannot score with a reward model sharded by ZeRO-3 / FSDP. Run it "
                          "first with `trl-variants presample --reward_model_name_or_path ...` (each process loads "
                          "the whole reward model) and train on its output, or use ZeRO-2 / DDP")

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from trl.trainer.utils import add_fused_lm_head
 
+from ._common import params_sharded
+
 
 def frozen_copy_of_policy(trainer):
     """A frozen, evaluation-mode copy of ``trainer``'s current policy weights, with GRPO's fused LM head at the
     trainer's temperature, prepared by the accelerator. Call it in ``__init__``, before any update."""
-    if trainer.is_deepspeed_enabled and trainer.accelerator.state.deepspeed_plugin.zero_stage == 3 or \
-            trainer.is_fsdp_enabled:
+    if params_sharded(trainer):
         raise ValueError("with ZeRO-3 / FSDP pass the model as a path: the reference is then loaded from it")
     policy = trainer.accelerator.unwrap_model(trainer.model)
     # A deepcopy would keep calling the ORIGINAL model's patched forward: rebuild from the config instead.

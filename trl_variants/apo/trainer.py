@@ -31,6 +31,7 @@ from .._common import (
     check_prompt_ids,
     full_parameters,
     offline_reward_funcs,
+    params_sharded,
     resolve_config,
     sampling_options,
     trainer_prompt_ids,
@@ -104,9 +105,7 @@ class APOTrainer(CheckpointStateMixin, ModelCardMixin, FiniteLossMixin, OfflineP
             generation_batch_size=args.presample_generation_batch_size,
         )
         trained = self.state.global_step > 0
-        plugin = getattr(self.accelerator.state, "deepspeed_plugin", None)
-        sharded = self.is_fsdp_enabled or self.is_deepspeed_enabled and plugin.zero_stage == 3
-        if trained and (sharded or self.ref_model is None and not self._is_peft()):
+        if trained and (params_sharded(self) or self.ref_model is None and not self._is_peft()):
             raise ValueError("APOTrainer.evaluate: this eval_dataset has no 'ref_value' column and, after training "
                              "started, there is no unsharded reference model to sample it from. Pass the dataset as "
                              "APOTrainer(eval_dataset=...), or presample it (trl-variants presample)")

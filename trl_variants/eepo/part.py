@@ -25,6 +25,7 @@ import torch
 from trl.trainer.utils import nanmax, nanmin
 
 from .. import losses
+from .._common import params_sharded
 from ..parts import Part
 
 
@@ -70,8 +71,7 @@ class TwoStageRollout(Part):
 
     def setup(self, trainer) -> None:
         args = trainer.args
-        if args.entropy_gate != "never" and (trainer.is_deepspeed_enabled and trainer.accelerator.state.deepspeed_plugin
-                                             .zero_stage == 3 or trainer.is_fsdp_enabled):
+        if args.entropy_gate != "never" and params_sharded(trainer):
             raise ValueError("EEPO's unlearning step edits full parameters in place: it supports DDP, ZeRO-1/2 and "
                              "PEFT, not ZeRO-3 or FSDP (use zero2.yaml, or entropy_gate='never')")
         trainer._entropy_history = collections.deque(maxlen=args.entropy_window)
