@@ -125,6 +125,8 @@ def _prompt_problem(prompt) -> str | None:
             return "no message"
         if not all(isinstance(m, dict) and "content" in m for m in prompt):
             return "a message that is not a {'role', 'content'} dict"
+        if not all(isinstance(m.get("role"), str) for m in prompt):  # None once stored: a column has one schema
+            return "a message without a role"  # the chat template fails on it at the first batch
         for m in prompt:
             c = m["content"]
             if isinstance(c, str) and c.strip():
@@ -163,10 +165,54 @@ def check_train_dataset(dataset, trainer_name: str, split: str = "train_dataset"
                          "dataset.filter(...)")
 
 
+def _required_columns(func) -> list[str]:
+    """The dataset columns reward function ``func`` requires: its parameters without a default that are not part of
+    TRL's reward signature (TRL passes every other column as a keyword argument; a parameter with a default, or
+    ``**kwargs``, does not require one)."""
+    import inspect
+
+    from .presample.reward_calls import _TRL_REWARD_KWARGS
+
+    try:
+        params = inspect.signature(func).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    return [p.name for p in params if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL) and p.default is p.empty
+            and p.name not in _TRL_REWARD_KWARGS]
+
+
+def check_reward_column_values(reward_funcs, dataset, who: str) -> None:
+    """No ``None`` in a column a reward function requires (naming the function, the column, the rows): the function
+    would get ``None`` in its list (``accuracy_reward`` scored the text "None" 0, silently). Reward models and Hub ids
+    (scored by TRL) read no column. A stream is not read here (its rows would be consumed before training)."""
+    from torch import nn
+
+    columns = getattr(dataset, "column_names", None)
+    if columns is None or reward_funcs is None or isinstance(dataset, dict) or not hasattr(dataset, "__len__"):
+        return
+    funcs = reward_funcs if isinstance(reward_funcs, list | tuple) else [reward_funcs]
+    seen: dict[str, list[int]] = {}
+    for func in funcs:
+        if not callable(func) or isinstance(func, nn.Module | str):
+            continue
+        for column in _required_columns(func):
+            if column not in columns:
+                continue  # a missing column is check_reward_columns's
+            if column not in seen:
+                seen[column] = [i for i, v in enumerate(dataset[column]) if v is None]
+            if seen[column]:
+                raise ValueError(
+                    f"{who}: reward function {_reward_func_name(func)!r} requires the dataset column {column!r}, which "
+                    f"is None at {_rows(seen[column])}: it would receive None for those rows. Fill them in, or drop "
+                    f"those rows (e.g. dataset.filter(lambda x: x[{column!r}] is not None)), or give the function's "
+                    f"{column!r} parameter a default if it handles None")
+
+
 def check_reward_columns_before_load(reward_funcs, dataset, trainer_name: str) -> None:
     """Every dataset column a reward function requires (a parameter without default that is not part of TRL's
-    reward signature) is a column of ``dataset``, checked before the model loads (GRPOTrainer would fail at the first
-    reward call, after the model load and the first generation). Reward models and Hub ids are TRL's to score."""
+    reward signature) is a column of ``dataset`` and holds no ``None`` (:func:`check_reward_column_values`), checked
+    before the model loads (GRPOTrainer would fail at the first reward call, after the model load and the first
+    generation, or score the rows silently). Reward models and Hub ids are TRL's to score."""
     from torch import nn
 
     from .presample.reward_calls import check_reward_columns
@@ -179,6 +225,7 @@ def check_reward_columns_before_load(reward_funcs, dataset, trainer_name: str) -
         check_reward_columns([f for f in funcs if callable(f) and not isinstance(f, nn.Module)], columns)
     except ValueError as e:
         raise ValueError(f"{trainer_name}: {e}") from None
+    check_reward_column_values(funcs, dataset, trainer_name)
 
 
 def check_presampled_columns(dataset, needed, trainer_name: str, option: str) -> None:

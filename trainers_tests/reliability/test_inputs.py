@@ -18,6 +18,8 @@ from trl_variants import (
     DEFAULT_MODEL_PATH,
     APOConfig,
     APOTrainer,
+    ComposedConfig,
+    ComposedTrainer,
     DPHConfig,
     DPHTrainer,
     EEPOConfig,
@@ -289,3 +291,70 @@ def test_reward_function_columns_are_checked_before_the_model_loads(trainer_cls,
     with pytest.raises(ModelLoaded):  # with the column, the same call goes on to load the model
         trainer_cls(model=DEFAULT_MODEL_PATH, reward_funcs=[accuracy_reward, answer_reward],
                     args=_config(config_cls, tmp_path), train_dataset=_prompts(*PROMPTS, answer=["5", "5"]))
+
+
+# --------------------------------------------------------------- inputs checked by rule: every trainer, the pass ---
+# The rule holds for ComposedTrainer too (its default parts: ERPO's two and DPH-RL's rehearsal).
+RULE_TRAINERS = TRAINERS + [(ComposedTrainer, ComposedConfig)]
+RULE_IDS = IDS + ["composed"]
+
+
+def answer_or_none_reward(completions, answer=None, **kwargs):  # reads "answer" when there is one
+    return [0.0 if a is None else float(a in c[0]["content"]) for a, c in zip(answer or [None] * len(completions),
+                                                                            completions, strict=True)]
+
+
+def kwargs_reward(completions, **kwargs):  # every extra column arrives as a kwarg; it requires none
+    return [float(kwargs.get("answer") is not None)] * len(completions)
+
+
+@pytest.mark.parametrize("trainer_cls,config_cls", RULE_TRAINERS, ids=RULE_IDS)
+def test_reward_column_holding_none_refused_before_model_load(trainer_cls, config_cls, tmp_path, no_model_load):
+    """A column a reward function requires (no default) that is None in some rows: refused naming the trainer, the
+    function, the column, the rows and the fix (the function would get None in its list; accuracy_reward scores the
+    text 'None'). A function with a default for it, or only **kwargs, is not refused."""
+    data = _prompts(*PROMPTS, *PROMPTS, answer=["5", None, "5", None])
+    with pytest.raises(ValueError, match=rf"{trainer_cls.__name__}: reward function 'answer_reward' requires the "
+                                         r"dataset column 'answer', which is None at rows \[1, 3\] \(2 in all\).*"
+                                         r"filter"):
+        trainer_cls(DEFAULT_MODEL_PATH, [accuracy_reward, answer_reward], args=_config(config_cls, tmp_path),
+                    train_dataset=data)
+    with pytest.raises(ModelLoaded):  # not required (a default, or **kwargs): accepted
+        trainer_cls(DEFAULT_MODEL_PATH, [answer_or_none_reward, kwargs_reward], args=_config(config_cls, tmp_path),
+                    train_dataset=data)
+
+
+@pytest.mark.parametrize("trainer_cls,config_cls", RULE_TRAINERS, ids=RULE_IDS)
+def test_prompt_message_without_role_refused_before_model_load(trainer_cls, config_cls, tmp_path, no_model_load):
+    """A conversation with a message that has no role (None once stored: a dataset column holds one schema): the
+    chat template fails at the first batch, after the model load ("'dict object' has no attribute 'role'")."""
+    bad = [{"role": "system", "content": "Answer briefly."}, {"content": "What is 2 + 3?"}]
+    data = Dataset.from_dict({"prompt": [PROMPTS[0], bad, PROMPTS[1], bad], "solution": ["5"] * 4})
+    with pytest.raises(ValueError, match=rf"{trainer_cls.__name__}: the train_dataset's 'prompt' column has unusable "
+                                         r"prompts \(a message without a role at rows \[1, 3\] \(2 in all\)\).*"
+                                         r"filter"):
+        trainer_cls(DEFAULT_MODEL_PATH, accuracy_reward, args=_config(config_cls, tmp_path), train_dataset=data)
+
+
+@pytest.mark.parametrize("trainer_cls,config_cls", RULE_TRAINERS, ids=RULE_IDS)
+def test_prompt_of_wrong_type_refused_by_every_trainer(trainer_cls, config_cls, tmp_path, no_model_load):
+    data = Dataset.from_dict({"prompt": [None, "What is 2 + 3?", None], "solution": ["5"] * 3})
+    with pytest.raises(ValueError, match=rf"{trainer_cls.__name__}: .*type NoneType at rows \[0, 2\].*filter"):
+        trainer_cls(DEFAULT_MODEL_PATH, accuracy_reward, args=_config(config_cls, tmp_path), train_dataset=data)
+
+
+def test_presample_refuses_a_reward_column_holding_none(tmp_path, no_model_load):
+    data = _prompts(*PROMPTS, answer=["5", None])
+    config = PresampleConfig(num_samples=1, cache_dir=str(tmp_path / "cache"), show_progress=False)
+    with pytest.raises(ValueError, match=r"presample: reward function 'answer_reward' requires the dataset column "
+                                         r"'answer', which is None at rows \[1\] \(1 in all\)"):
+        presample(DEFAULT_MODEL_PATH, None, data, [answer_reward], config)
+    with pytest.raises(ModelLoaded):  # no sample, no reward call: the column is not read
+        presample(DEFAULT_MODEL_PATH, None, data, [answer_reward], _logp_config(tmp_path))
+
+
+def test_streamed_dataset_is_not_read_by_the_checks(tmp_path, no_model_load):
+    """A stream's rows are not read before training (they would be consumed): only its known columns are checked."""
+    data = _prompts(*PROMPTS, answer=["5", None]).to_iterable_dataset()
+    with pytest.raises(ModelLoaded):
+        ERPOTrainer(DEFAULT_MODEL_PATH, [answer_reward], args=_config(ERPOConfig, tmp_path), train_dataset=data)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from .._validation import check_train_dataset, ensure_pad_token
+from .._validation import check_reward_column_values, check_train_dataset, ensure_pad_token
 from ..generation import generate_completions, tokenize_prompts
 from . import vllm_backend
 from .cache import atomic_write_json, cache_key, default_cache_dir, read_shard
@@ -190,6 +190,8 @@ def presample(
     if len(reward_weights) != len(reward_funcs):
         raise ValueError(f"reward_weights has {len(reward_weights)} entries for {len(reward_funcs)} reward functions")
     check_reward_columns(reward_funcs, dataset.column_names)
+    if config.num_samples > 0:  # the reward functions are called: no None in a column one of them requires
+        check_reward_column_values(reward_funcs, dataset, "presample")
     backend = "hf"
     if config.num_samples > 0:
         backend = generator.name if generator is not None else _resolve_backend(config, model)
