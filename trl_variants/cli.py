@@ -166,19 +166,32 @@ class EvaluateScriptArguments(DataScriptArguments):
     base_model: str | None = field(default=None, metadata={"help": "Base model for keep / exploration rates."})
     reference_model: str | None = field(default=None, metadata={"help": "Reference for KL on the samples."})
     max_prompts: int | None = field(default=None, metadata={"help": "Evaluate the first N prompts only."})
-    output_dir: str = field(default="eval", metadata={"help": "Where results.json/.md and the plots go."})
+    output_dir: str = field(
+        default="eval",
+        metadata={"help": "Where results.json/.md and the plots go, and chunks/<model name>.jsonl: each model's "
+                          "finished chunks, from which an interrupted run resumes when rerun with the same settings."},
+    )
+    restart: bool = field(
+        default=False,
+        metadata={"help": "Discard the finished chunks an earlier run left in output_dir/chunks and start over (by "
+                          "default they are read back, and a file from other settings is refused)."},
+    )
 
 
 def evaluate_main(argv: list[str]) -> None:
+    from pathlib import Path
+
     from accelerate import PartialState
+    from tqdm.auto import tqdm
 
     from .default import DEFAULT_MODEL_PATH
-    from .evaluate import EvalConfig, evaluate, write_report
+    from .evaluate import EvalConfig, check_backend, evaluate, write_report
 
     parser = TrlParser((EvaluateScriptArguments, EvalConfig), prog="trl-variants evaluate",
                        description=COMMAND_HELP["evaluate"], epilog=CONFIG_HELP)
     script_args, config = parser.parse_args_and_config(args=argv)
     require_matplotlib()  # the report's plots need it: fail now, not after all the sampling
+    check_backend(config.backend)  # --backend vllm without vllm or a GPU: before any data or model loads
     if script_args.reward_model_name_or_path:
         raise ValueError("--reward_model_name_or_path is not supported by evaluate: it counts a completion as correct "
                          "when its reward is > 0 (accuracy, pass@k), which a reward model's score does not mean; "
@@ -187,9 +200,14 @@ def evaluate_main(argv: list[str]) -> None:
                           ("--reference_model", script_args.reference_model)]:
         check_model_reference(value, option)  # every model, before any of them is loaded or evaluated
     models = script_args.models or [DEFAULT_MODEL_PATH]
-    names = script_args.model_names or [None] * len(models)
+    names = script_args.model_names or [Path(m).name for m in models]  # evaluate's default name
     if len(names) != len(models):
         raise ValueError(f"--model_names has {len(names)} entries for {len(models)} --models")
+    all_names = (["base"] if script_args.base_model else []) + list(names)
+    repeated = sorted({n for n in all_names if all_names.count(n) > 1})
+    if repeated:  # a name is a model's row in the table and its chunks file in output_dir/chunks
+        raise ValueError(f"two evaluations would be named {repeated} (a model's name is its directory name, or "
+                         "'base' for --base_model): give each model its own name with --model_names")
     if script_args.torch_threads:
         import torch
 
@@ -200,18 +218,31 @@ def evaluate_main(argv: list[str]) -> None:
     state = PartialState()
     accelerator = state if state.num_processes > 1 else None
     rewards = get_reward_funcs(script_args.reward_funcs)
-    base = None
-    if script_args.base_model:
-        base = evaluate(script_args.base_model, None, dataset, rewards, config, name="base", accelerator=accelerator,
-                        reference_model=script_args.reference_model)
-    results = [] if base is None else [base]
-    for model, name in zip(models, names, strict=True):
+    # (name, model, is the base); the base first: the others' keep / exploration rates are measured against it
+    jobs = [("base", script_args.base_model, True)] if script_args.base_model else []
+    jobs += [(name, model, False) for name, model in zip(names, models, strict=True)]
+    bar = tqdm(total=len(jobs), desc="models", unit="model", dynamic_ncols=True,
+               disable=len(jobs) < 2 or not state.is_main_process or not config.show_progress)
+    base, results = None, []
+    for name, model, is_base in jobs:
+        bar.set_postfix_str(name)
         results.append(evaluate(model, None, dataset, rewards, config, name=name, base_results=base,
-                                reference_model=script_args.reference_model, accelerator=accelerator))
+                                reference_model=script_args.reference_model, accelerator=accelerator,
+                                results_file=chunks_file(script_args.output_dir, name), restart=script_args.restart))
+        base = results[-1] if is_base else base
+        bar.update()
+    bar.close()
     if state.is_main_process:
         paths = write_report(results, script_args.output_dir)
         print(open(paths["markdown"]).read())
         print("wrote " + ", ".join(paths.values()))
+
+
+def chunks_file(output_dir, name: str):
+    """Where ``trl-variants evaluate`` appends a model's finished chunks: ``<output_dir>/chunks/<name>.jsonl``."""
+    from pathlib import Path
+
+    return Path(output_dir) / "chunks" / (re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._") + ".jsonl")
 
 
 def require_matplotlib() -> None:

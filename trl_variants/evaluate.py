@@ -7,28 +7,58 @@ table and PNG plots.
 >>> results = evaluate("outputs/erpo-tiny", None, load_default_dataset()["test"], config=EvalConfig(k=8))
 >>> write_report([results], "eval/")
 
-Sampling goes through the shared offline pass (:func:`trl_variants.presample.presample`), so it is batched, seeded
-per shard (identical with 1 or N processes) and sharded across processes under ``accelerate launch``.
+The work is cut into chunks: one pass (greedy, or one temperature) over ``chunk_size`` prompts. Each chunk is sampled
+and scored with the offline pass's own steps (:mod:`trl_variants.presample`: the same prompt tokenization, batched
+generation, seeds and reward calls), seeded by its index, so its samples do not depend on interruptions or on the
+number of processes; under ``accelerate launch`` the chunks are shared out between the processes. A progress bar
+with an ETA counts prompts over all passes. With ``results_file`` every finished chunk is appended to a JSON-lines
+file whose first line holds the run's key (model, weights, dataset, options, library versions): a rerun with the
+same key reads the finished chunks back instead of sampling them again, and its numbers equal an uninterrupted
+run's; a rerun with another key is refused, naming what differs (``restart=True`` starts over).
+
+``backend`` picks what samples (:func:`make_generator`): transformers ``generate`` (``"hf"``) or an offline vLLM
+engine built as the offline pass builds it, with GRPOConfig's ``vllm_*`` options (``"vllm"``). Everything after
+sampling (rewards, counts, entropy, KL, the report) is the same code for both.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
+import os
+import sys
+import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
 from transformers import TrainerCallback
+from trl import GRPOConfig
 
-from ._validation import ensure_pad_token
-from .presample import PresampleConfig, presample, token_logps
-from .presample.logprobs import left_pad
+from ._validation import check_train_dataset, ensure_pad_token
+from .generation import tokenize_prompts
+from .presample import PresampleConfig, token_logps
+from .presample.cache import model_signature
+from .presample.logprobs import check_prompt_lengths, left_pad
+from .presample.reward_calls import check_reward_columns, reward_fingerprint, reward_name
+from .presample.runner import HFGenerator, _add_rewards, _process_shard
+from .presample.vllm_backend import (
+    check_vllm_options,
+    offline_generator,
+    trainer_generator,
+    vllm_usable,
+    vllm_version,
+)
 from .rewards import accuracy_reward
 
-__all__ = ["EvalConfig", "HeldOutCallback", "PassAtKCallback", "evaluate", "keep_and_exploration_rates", "pass_at_k", "plot_pass_at_k",
-           "plot_temperature_sweep", "write_report"]
+__all__ = ["EvalConfig", "HeldOutCallback", "PassAtKCallback", "ResultsFile", "check_backend", "evaluate",
+           "keep_and_exploration_rates", "make_generator", "pass_at_k", "plot_pass_at_k", "plot_temperature_sweep",
+           "run_key", "write_report"]
+
+BACKENDS = ("hf", "vllm")
+VLLM_EXTRA = "pip install 'trl-variants[vllm]'"
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -65,6 +95,11 @@ def keep_and_exploration_rates(base_solved: Sequence[bool], new_solved: Sequence
             "num_base_solved": len(kept), "num_base_unsolved": len(found)}
 
 
+def _training_default(name: str):
+    """The default of GRPOConfig's field ``name``: evaluation's vLLM engine takes training's options."""
+    return GRPOConfig.__dataclass_fields__[name].default
+
+
 @dataclass
 class EvalConfig:
     """Options of :func:`evaluate`.
@@ -75,8 +110,15 @@ class EvalConfig:
         greedy: also measure greedy accuracy.
         top_p, max_completion_length: sampling options.
         compute_entropy: mean token entropy of the sampled completions (one scoring forward pass).
-        seed: base seed (each temperature and shard derives its own).
+        seed: base seed (each temperature and chunk derives its own).
         generation_batch_size, logprob_batch_size: sequences per generate call / per scoring forward.
+        chunk_size: prompts per chunk, the unit of progress, of resume and of work sharing between processes (a
+            chunk is seeded by its index: another chunk size gives other, equally valid samples).
+        backend: ``"hf"`` (transformers generate) or ``"vllm"`` (an offline vLLM engine; needs the ``vllm`` extra
+            and a CUDA GPU).
+        vllm_gpu_memory_utilization, vllm_tensor_parallel_size, vllm_max_model_length, vllm_model_impl: the vLLM
+            engine's options, as GRPOConfig's fields of the same names (same defaults); resources only.
+        show_progress: show a progress bar (on the main process).
     """
 
     k: int = field(default=8, metadata={"help": "Samples per prompt at each temperature (avg@k, pass@k' for k' <= k)."})
@@ -89,31 +131,107 @@ class EvalConfig:
     compute_entropy: bool = field(
         default=True, metadata={"help": "Mean token entropy of the sampled completions (one scoring forward pass)."}
     )
-    seed: int = field(default=0, metadata={"help": "Base seed (each temperature and shard derives its own)."})
+    seed: int = field(default=0, metadata={"help": "Base seed (each temperature and chunk derives its own)."})
     generation_batch_size: int = field(default=128, metadata={"help": "Sequences per generate call."})
     logprob_batch_size: int = field(default=32, metadata={"help": "Sequences per scoring forward pass."})
+    chunk_size: int = field(
+        default=64,
+        metadata={"help": "Prompts per chunk: the unit of progress, of resume and of work sharing between processes "
+                          "(chunks are seeded by their index: another size gives other samples)."},
+    )
+    backend: str = field(
+        default="hf",
+        metadata={"help": "What samples: 'hf' (transformers generate) or 'vllm' (an offline vLLM engine built with "
+                          f"the vllm_* options below; needs {VLLM_EXTRA} and a CUDA GPU)."},
+    )
+    vllm_gpu_memory_utilization: float = field(
+        default=_training_default("vllm_gpu_memory_utilization"),
+        metadata={"help": "--backend vllm: fraction of each GPU's memory the engine may take (GRPOConfig's field; "
+                          "the rest holds the transformers model that scores entropy and KL)."},
+    )
+    vllm_tensor_parallel_size: int = field(
+        default=_training_default("vllm_tensor_parallel_size"),
+        metadata={"help": "--backend vllm: GPUs the engine spreads the model over (GRPOConfig's field; one process "
+                          "only)."},
+    )
+    vllm_max_model_length: int | None = field(
+        default=_training_default("vllm_max_model_length"),
+        metadata={"help": "--backend vllm: the engine's context window (prompt + completion tokens; GRPOConfig's "
+                          "field); None = the model's."},
+    )
+    vllm_model_impl: str = field(
+        default=_training_default("vllm_model_impl"),
+        metadata={"help": "--backend vllm: model implementation, 'vllm' or 'transformers' (GRPOConfig's field)."},
+    )
+    show_progress: bool = field(default=True, metadata={"help": "Show a progress bar with an ETA."})
+
+    # fields that do not change the numbers (left out of a results file's key)
+    _NOT_IN_KEY = ("vllm_gpu_memory_utilization", "vllm_tensor_parallel_size", "vllm_max_model_length",
+                   "show_progress")
 
     def __post_init__(self):
         if self.k < 1:
             raise ValueError(f"k must be >= 1, got {self.k}")
         if not self.temperatures or any(not t > 0 for t in self.temperatures):
             raise ValueError(f"temperatures must be a non-empty list of values > 0, got {self.temperatures}")
+        if len({str(float(t)) for t in self.temperatures}) != len(self.temperatures):
+            raise ValueError(f"temperatures has a value twice: {self.temperatures}")
+        for name in ("max_completion_length", "generation_batch_size", "logprob_batch_size", "chunk_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
+        if self.vllm_tensor_parallel_size < 1:
+            raise ValueError(f"vllm_tensor_parallel_size must be >= 1, got {self.vllm_tensor_parallel_size}")
+        if not 0 < self.vllm_gpu_memory_utilization <= 1:
+            raise ValueError(f"vllm_gpu_memory_utilization must be in (0, 1], got {self.vllm_gpu_memory_utilization}")
+
+    def key_options(self) -> dict:
+        return {k: v for k, v in asdict(self).items() if k not in self._NOT_IN_KEY}
 
 
-def _sample(model, tokenizer, dataset, reward_funcs, config: EvalConfig, temperature, greedy, accelerator):
-    cfg = PresampleConfig(
+# ---------------------------------------------------------------------------------------------- sampling ---
+def check_backend(backend: str) -> None:
+    """Raise, before anything is loaded, when ``backend`` cannot run here (``"vllm"`` without the vllm package or
+    without a CUDA GPU), naming what to install."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend == "hf":
+        return
+    if vllm_version() is None:
+        raise ImportError(f"--backend vllm needs the vllm package, which is not installed: {VLLM_EXTRA} (vLLM runs "
+                          "on CUDA GPUs), or use --backend hf. Nothing was loaded or sampled.")
+    if not vllm_usable():
+        raise RuntimeError("--backend vllm needs a CUDA GPU, and none is visible: run on a GPU machine, or use "
+                           "--backend hf. Nothing was loaded or sampled.")
+
+
+def make_generator(config: EvalConfig, model, tokenizer, accelerator=None):
+    """What samples the completions, the one place the backend is chosen: :class:`HFGenerator` (transformers
+    ``generate``) or, for ``backend="vllm"``, the offline pass's vLLM engine
+    (:func:`~trl_variants.presample.vllm_backend.offline_generator`, built from ``config``'s ``vllm_*`` fields).
+    Both have the offline pass's generator interface; everything after sampling is shared."""
+    if config.backend == "vllm":
+        return offline_generator(model, tokenizer, config, accelerator)
+    return HFGenerator(model, tokenizer)
+
+
+def _pass_config(config: EvalConfig, temperature: float | None) -> PresampleConfig:
+    """The offline pass's options for one pass of the sweep (``temperature`` None: greedy)."""
+    greedy = temperature is None
+    temperature = 1.0 if greedy else temperature
+    return PresampleConfig(
         num_samples=1 if greedy else config.k, greedy=greedy, temperature=temperature, top_p=config.top_p,
         max_completion_length=config.max_completion_length, record_prompt_logp=False, use_cache=False,
         seed=config.seed + int(round(temperature * 1000)), generation_batch_size=config.generation_batch_size,
-        show_progress=False,
+        shard_size=config.chunk_size, show_progress=False,
     )
-    columns = [c for c in dataset.column_names if not c.startswith("ref_")]
-    return presample(model, tokenizer, dataset.select_columns(columns), reward_funcs, cfg, accelerator=accelerator)
 
 
-def _completion_stats(model, sampled, temperature, config, ref_model=None):
-    """Mean token entropy of the sampled completions and (with ``ref_model``) the mean sequence log-ratio."""
-    rows = [(p, c) for p, cs in zip(sampled["ref_prompt_ids"], sampled["ref_completion_ids"], strict=True) for c in cs]
+def _completion_stats(model, out, temperature, config, ref_model=None) -> dict:
+    """Sums over a chunk's sampled completions: token entropy and token count, and (with ``ref_model``) the
+    sequence log-ratio to the reference and the number of sequences."""
+    rows = [(o["ref_prompt_ids"], c) for o in out for c in o["ref_completion_ids"]]
     ent_sum, tok, kl_sum = 0.0, 0, 0.0
     pad = 0
     for start in range(0, len(rows), config.logprob_batch_size):
@@ -130,9 +248,171 @@ def _completion_stats(model, sampled, temperature, config, ref_model=None):
         if ref_model is not None:
             ref = token_logps(ref_model, ids, mask, temperature, config.logprob_batch_size)
             kl_sum += ((logps - ref) * cmask).sum().item()
-    out = {"entropy": ent_sum / max(tok, 1)}
+    stats = {"entropy_sum": ent_sum, "entropy_tokens": tok}
     if ref_model is not None:
-        out["kl_to_reference"] = kl_sum / max(len(rows), 1)  # MC estimate of KL(pi || pi_ref) per sequence
+        stats.update(kl_sum=kl_sum, kl_sequences=len(rows))
+    return stats
+
+
+def _run_chunk(model, tokenizer, rows, prompt_ids, row_indices, chunk, label, temperature, config, generator,
+               reward_funcs, reference_model) -> dict:
+    """Sample and score one chunk (one pass over ``row_indices``); returns its record: per-prompt correct counts,
+    the completions' total length, and the entropy / KL sums."""
+    pass_config = _pass_config(config, temperature)
+    with torch.no_grad():
+        out, _, _ = _process_shard(rows, prompt_ids, row_indices, chunk, model, tokenizer, pass_config, generator)
+    unrewarded = _add_rewards(out, rows, pass_config, reward_funcs, [1.0] * len(reward_funcs))
+    record = {"pass": label, "chunk": chunk, "rows": [row_indices[0], row_indices[-1] + 1],
+              "correct": [sum(r > 0 for r in o["ref_rewards"]) for o in out],
+              "length_sum": sum(len(c) for o in out for c in o["ref_completion_ids"]), "unrewarded": unrewarded}
+    if temperature is not None and (config.compute_entropy or reference_model is not None):
+        with torch.no_grad():
+            record.update(_completion_stats(model, out, temperature, config, reference_model))
+    return record
+
+
+# ------------------------------------------------------------------------------------------ results file ---
+def _normalized(obj):
+    return json.loads(json.dumps(obj))
+
+
+def _weights_id(model) -> dict:
+    """Which weights ``model`` holds (:func:`~trl_variants.presample.cache.model_signature` at their own dtype)."""
+    dtype = model_signature(model, dtypes=())["dtype"]
+    signature = model_signature(model, dtypes=(dtype,) if dtype else ())
+    return {"dtype": dtype, "hash": signature["hashes"].get(dtype)}
+
+
+def _dataset_hash(dataset, prompt_ids) -> dict:
+    h = hashlib.sha256()
+    for batch in dataset.iter(batch_size=1000):
+        h.update(json.dumps(batch, sort_keys=True, default=str).encode())
+    ids = hashlib.sha256(json.dumps(prompt_ids).encode()).hexdigest()[:16]
+    return {"rows": len(dataset), "content": h.hexdigest()[:16], "prompt_ids": ids}
+
+
+def run_key(model, dataset, prompt_ids, reward_funcs, config: EvalConfig, backend: str, reference_model=None) -> dict:
+    """Everything an evaluation's numbers depend on, as a flat dict (stored in a results file's header): the model
+    (path and weights), the dataset (content and prompt token ids, which cover the tokenizer and chat template),
+    the reward functions, the options, the backend and the library versions."""
+    from importlib import metadata
+
+    key = {**config.key_options(),
+           "model": str(getattr(model.config, "_name_or_path", "")), "model_weights": _weights_id(model),
+           "dataset": _dataset_hash(dataset, prompt_ids),
+           "reward_funcs": [[reward_name(f), reward_fingerprint(f)] for f in reward_funcs],
+           "reference_model": None if reference_model is None else {
+               "model": str(getattr(reference_model.config, "_name_or_path", "")),
+               "weights": _weights_id(reference_model)},
+           "backend": backend,
+           "versions": {pkg: metadata.version(pkg) for pkg in ("torch", "transformers", "trl-variants")}}
+    return _normalized(key)
+
+
+def _describe_differences(old: dict, new: dict) -> str:
+    diffs = []
+    for name in sorted(set(old) | set(new)):
+        if old.get(name) != new.get(name):
+            diffs.append(f"{name}: {json.dumps(old.get(name))} in the file, {json.dumps(new.get(name))} now")
+    return "; ".join(diffs)
+
+
+class ResultsFile:
+    """Finished chunks of one evaluation as JSON lines: a header ``{"kind": "header", "key": ...}`` and one
+    ``{"kind": "chunk", "pass": ..., "chunk": ..., ...}`` line per chunk, appended (and flushed to disk) as each
+    finishes. Opening reads the finished chunks back when the header's key equals ``key``; another key is refused,
+    naming what differs, unless ``restart`` (then the file is started over). A last line cut by an interruption is
+    dropped. Only the ``writer`` (the main process) writes."""
+
+    def __init__(self, path, key: dict, restart: bool = False, writer: bool = True):
+        self.path, self.key, self.writer = Path(path), key, writer
+        self.done: dict[tuple[str, int], dict] = {}
+        self._valid_bytes = 0  # the length of the readable part (a cut last line is dropped)
+        self._fresh = restart or not self.path.exists() or self.path.stat().st_size == 0
+        if not self._fresh:
+            self._read()
+
+    def _read(self):
+        raw = self.path.read_bytes()
+        lines = raw.split(b"\n")
+        complete = lines[:-1]  # everything before the last newline; what follows it is a cut line (or nothing)
+        if lines[-1].strip():
+            warnings.warn(f"{self.path}: the last line was cut (an interrupted write); that chunk is computed again",
+                          stacklevel=3)
+        try:
+            header = json.loads(complete[0]) if complete else None
+        except json.JSONDecodeError:
+            header = None
+        if not isinstance(header, dict) or header.get("kind") != "header":
+            raise ValueError(f"{self.path} is not an evaluation results file (no header line): remove it, choose "
+                             "another output directory, or restart (--restart true / restart=True) to overwrite it")
+        if header["key"] != self.key:
+            differences = _describe_differences(header["key"], self.key)
+            raise ValueError(f"{self.path} holds the results of another evaluation ({differences}). Rerun with the "
+                             "same model and options to resume it, choose another output directory, or restart "
+                             "(--restart true / restart=True) to discard it and start over")
+        for line in complete[1:]:
+            record = json.loads(line)
+            self.done.setdefault((record["pass"], record["chunk"]), record)
+        self._valid_bytes = sum(len(line) + 1 for line in complete)
+
+    def start(self) -> None:
+        """Write the header of a new file, or cut a partly written last line off an old one (writer only)."""
+        if not self.writer:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self._fresh:
+            self._write_lines([{"kind": "header", "key": self.key}], mode="w")
+        elif self.path.stat().st_size != self._valid_bytes:
+            with open(self.path, "r+b") as f:
+                f.truncate(self._valid_bytes)
+
+    def append(self, record: dict) -> None:
+        self.done.setdefault((record["pass"], record["chunk"]), record)
+        if self.writer:
+            self._write_lines([{"kind": "chunk", **record}], mode="a")
+
+    def _write_lines(self, records, mode):
+        with open(self.path, mode) as f:
+            for r in records:
+                f.write(json.dumps(r) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+
+# ----------------------------------------------------------------------------------------------- evaluate ---
+def _aggregate(records: dict, passes, n_chunks: int, config: EvalConfig, dataset, with_entropy: bool,
+               with_kl: bool, base_results: dict | None) -> dict:
+    """The numbers of every pass, from the chunk records in chunk order (the same sums whether the records were
+    computed now or read back)."""
+    out: dict = {"temperatures": {}}
+    n = config.k
+    for label, temperature in passes:
+        chunks = [records[(label, c)] for c in range(n_chunks)]
+        correct = [c for r in chunks for c in r["correct"]]
+        if temperature is None:
+            out["greedy"] = sum(c > 0 for c in correct) / len(correct)
+            continue
+        entry = {
+            f"avg@{n}": sum(correct) / (n * len(correct)),
+            "pass@k": {str(kk): sum(pass_at_k(n, c, kk) for c in correct) / len(correct) for kk in ks_up_to(n)},
+            "mean_length": sum(r["length_sum"] for r in chunks) / (n * len(correct)),
+            "correct": correct,
+        }
+        if "level" in dataset.column_names:
+            levels = dataset["level"]
+            entry["avg_by_level"] = {str(lv): sum(c for c, l_ in zip(correct, levels, strict=True) if l_ == lv)
+                                     / (n * sum(1 for l_ in levels if l_ == lv)) for lv in sorted(set(levels))}
+        if with_entropy:
+            entry["entropy"] = sum(r["entropy_sum"] for r in chunks) / max(sum(r["entropy_tokens"] for r in chunks), 1)
+        if with_kl:  # MC estimate of KL(pi || pi_ref) per sequence
+            entry["kl_to_reference"] = sum(r["kl_sum"] for r in chunks) / max(sum(r["kl_sequences"] for r in chunks), 1)
+        if base_results is not None:
+            base = base_results["temperatures"].get(label)
+            if base is None:
+                raise ValueError(f"base_results has no temperature {label}: evaluate the base at the same temperatures")
+            entry.update(keep_and_exploration_rates([c > 0 for c in base["correct"]], [c > 0 for c in correct]))
+        out["temperatures"][label] = entry
     return out
 
 
@@ -147,18 +427,49 @@ def evaluate(
     reference_model=None,
     base_results: dict | None = None,
     accelerator=None,
+    results_file=None,
+    restart: bool = False,
+    generator=None,
 ) -> dict:
     """Evaluate one model on ``dataset`` (``prompt`` + the columns the rewards read, e.g. ``solution``).
 
-    ``model`` / ``reference_model``: a path or Hub id, or a model object (then ``tokenizer`` is required).
+    ``model`` / ``reference_model``: a path or Hub id, or a model object (then ``tokenizer`` is required; the vLLM
+    backend needs a path, as it loads its own copy of the weights).
     ``base_results``: the result dict of the base model on the same prompts: adds keep / exploration rates.
+    ``accelerator``: an ``Accelerator`` or ``PartialState`` sharing the chunks between processes (every process
+    must call, and every one returns the full result).
+    ``results_file``: a JSON-lines file the finished chunks are appended to and resumed from (module docstring);
+    ``restart``: discard what it holds. ``generator``: what samples, replacing the ``config.backend`` one (the
+    held-out callback passes the trainer's vLLM engine).
     Returns a dict: ``name``, ``config``, ``greedy`` accuracy, and per temperature ``avg@k``, ``pass@k'``,
     ``entropy``, ``mean_length``, ``kl_to_reference`` (if asked), the per-prompt ``correct`` counts, and keep /
     exploration rates (if ``base_results``).
     """
+    from accelerate.utils import gather_object
+    from tqdm.auto import tqdm
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     config = config or EvalConfig()
+    reward_funcs = [reward_funcs] if callable(reward_funcs) else list(reward_funcs)
+    # --- every check before anything loads ---
+    if generator is None:
+        check_backend(config.backend)
+        if config.backend == "vllm" and not isinstance(model, str | Path):
+            raise ValueError("backend='vllm' needs the model as a path or Hub id: vLLM loads its own copy of the "
+                             "weights, which could differ from the model object passed. Pass the path, or use "
+                             "backend='hf'")
+    dataset = dataset.select_columns([c for c in dataset.column_names if not c.startswith("ref_")])
+    check_train_dataset(dataset, "evaluate", split="dataset")
+    if len(dataset) == 0:
+        raise ValueError("the dataset is empty")
+    if not reward_funcs:
+        raise ValueError("evaluate needs at least one reward function")
+    check_reward_columns(reward_funcs, dataset.column_names)
+    passes = ([("greedy", None)] if config.greedy else []) + [(str(t), t) for t in config.temperatures]
+    if config.backend == "vllm" or generator is not None:
+        for _, t in passes:
+            check_vllm_options(_pass_config(config, t))
+    # --- load ---
     if isinstance(model, str | Path):
         name = name or Path(str(model)).name
         tokenizer = tokenizer or AutoTokenizer.from_pretrained(str(model), padding_side="left")
@@ -172,33 +483,68 @@ def evaluate(
     model = model.to(device)
     if reference_model is not None:
         reference_model = reference_model.to(device)
-    results: dict = {"name": name or getattr(model.config, "_name_or_path", "model"), "config": asdict(config),
-                     "num_prompts": len(dataset), "temperatures": {}}
-    if config.greedy:
-        greedy = _sample(model, tokenizer, dataset, reward_funcs, config, 1.0, True, accelerator)
-        results["greedy"] = sum(r[0] > 0 for r in greedy["ref_rewards"]) / len(greedy)
-    for t in config.temperatures:
-        sampled = _sample(model, tokenizer, dataset, reward_funcs, config, t, False, accelerator)
-        correct = [sum(r > 0 for r in rs) for rs in sampled["ref_rewards"]]
-        n = config.k
-        entry = {
-            f"avg@{n}": sum(correct) / (n * len(correct)),
-            "pass@k": {str(kk): sum(pass_at_k(n, c, kk) for c in correct) / len(correct) for kk in ks_up_to(n)},
-            "mean_length": sum(len(c) for cs in sampled["ref_completion_ids"] for c in cs) / (n * len(correct)),
-            "correct": correct,
-        }
-        if "level" in dataset.column_names:
-            levels = dataset["level"]
-            entry["avg_by_level"] = {str(lv): sum(c for c, l_ in zip(correct, levels, strict=True) if l_ == lv)
-                                     / (n * sum(1 for l_ in levels if l_ == lv)) for lv in sorted(set(levels))}
-        if config.compute_entropy or reference_model is not None:
-            entry.update(_completion_stats(model, sampled, t, config, reference_model))
-        if base_results is not None:
-            base = base_results["temperatures"].get(str(t))
-            if base is None:
-                raise ValueError(f"base_results has no temperature {t}: evaluate the base at the same temperatures")
-            entry.update(keep_and_exploration_rates([c > 0 for c in base["correct"]], [c > 0 for c in correct]))
-        results["temperatures"][str(t)] = entry
+    name = name or getattr(model.config, "_name_or_path", "model")
+    prompt_ids = tokenize_prompts(tokenizer, list(dataset["prompt"]))
+    check_prompt_lengths(prompt_ids, minimum=1)
+
+    rank, world = (accelerator.process_index, accelerator.num_processes) if accelerator is not None else (0, 1)
+    n_chunks = math.ceil(len(dataset) / config.chunk_size)
+    units = [(label, t, c) for label, t in passes for c in range(n_chunks)]
+    store = None
+    if results_file is not None:
+        backend = generator.name if generator is not None else (
+            f"vllm=={vllm_version()}" if config.backend == "vllm" else "hf")
+        key = run_key(model, dataset, prompt_ids, reward_funcs, config, backend, reference_model)
+        store = ResultsFile(results_file, key, restart=restart, writer=rank == 0)
+        if world > 1:
+            accelerator.wait_for_everyone()  # every process has read the file before the main one writes it
+        store.start()
+    records = dict(store.done) if store is not None else {}
+    todo = [u for u in units if (u[0], u[2]) not in records]
+
+    def chunk_rows(c):
+        return list(range(c * config.chunk_size, min(len(dataset), (c + 1) * config.chunk_size)))
+
+    done_prompts = sum(len(chunk_rows(c)) for label, _, c in units if (label, c) in records)
+    if rank == 0 and done_prompts:
+        print(f"evaluate {name}: {len(units) - len(todo)} of {len(units)} chunks read back from {results_file}",
+              file=sys.stderr, flush=True)
+    bar = tqdm(total=len(passes) * len(dataset), initial=done_prompts, desc=f"evaluate {name}", unit="prompt",
+               disable=rank != 0 or not config.show_progress, leave=None, dynamic_ncols=True)
+    own_generator = generator is None
+    if own_generator and (todo or world > 1):  # no engine for a finished run (but processes start together)
+        generator = make_generator(config, model, tokenizer, accelerator)
+    try:
+        if generator is not None:
+            generator.prepare()  # on every process, before any chunk (weight pushes are collectives)
+        for start in range(0, len(todo), world):  # one chunk per process per round, then the results are gathered
+            round_units = todo[start : start + world]
+            mine = round_units[rank] if rank < len(round_units) else None
+            record = None
+            if mine is not None:
+                label, temperature, c = mine
+                bar.set_postfix_str("greedy" if temperature is None else f"T={label}")
+                rows_idx = chunk_rows(c)
+                record = _run_chunk(model, tokenizer, list(dataset.select(rows_idx)),
+                                    [prompt_ids[i] for i in rows_idx], rows_idx, c, label, temperature, config,
+                                    generator, reward_funcs, reference_model)
+            finished = [r for r in gather_object([record]) if r is not None] if world > 1 else [record]
+            for r in finished:
+                if store is not None:
+                    store.append(r)
+                records[(r["pass"], r["chunk"])] = r
+                bar.update(len(r["correct"]))
+    finally:
+        bar.close()
+        if generator is not None:
+            generator.finish()
+    unrewarded = sum(r.get("unrewarded", 0) for r in records.values())
+    if unrewarded and rank == 0:
+        warnings.warn(f"evaluate: {unrewarded} completions got no reward (every reward function returned None or "
+                      "NaN): they never count as correct", stacklevel=2)
+    results: dict = {"name": name, "config": asdict(config), "num_prompts": len(dataset)}
+    results.update(_aggregate(records, passes, n_chunks, config, dataset, config.compute_entropy or
+                              reference_model is not None, reference_model is not None, base_results))
     return results
 
 
@@ -292,14 +638,29 @@ def write_report(all_results: Sequence[dict], output_dir) -> dict[str, str]:
 
 
 # ------------------------------------------------------------------------------------- training callback ---
-def evaluate_policy(trainer, dataset, reward_funcs, config: EvalConfig) -> dict:
+def callback_config(trainer, config: EvalConfig, backend: str = "hf") -> EvalConfig:
+    """``config`` as a training callback runs it: the progress bar off when the trainer's ``disable_tqdm`` is set,
+    and ``backend`` checked: ``"vllm"`` samples with the trainer's own vLLM engine, so it needs ``use_vllm=True``."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend == "vllm" and not getattr(trainer, "use_vllm", False):
+        raise ValueError("backend='vllm' evaluates with the trainer's own vLLM engine (its current weights pushed "
+                         "into it), and this trainer has none: set use_vllm=True in its config (vllm_mode "
+                         f"'colocate' or 'server'; {VLLM_EXTRA}), or use backend='hf'")
+    return replace(config, backend=backend, show_progress=config.show_progress and not trainer.args.disable_tqdm)
+
+
+def evaluate_policy(trainer, dataset, reward_funcs, config: EvalConfig, name: str | None = None) -> dict:
     """:func:`evaluate` on a trainer's current policy (sharded over its processes when there are several), leaving
-    the model in the train / eval mode it was in. Every process must call it."""
+    the model in the train / eval mode it was in. Every process must call it. ``config.backend="vllm"``: sampled by
+    the trainer's vLLM engine (:func:`~trl_variants.presample.vllm_backend.trainer_generator`), scored as with
+    ``"hf"``."""
     model = trainer.accelerator.unwrap_model(trainer.model)
     was_training = model.training
     multi = trainer.accelerator.num_processes > 1
-    res = evaluate(model, trainer.processing_class, dataset, reward_funcs, config,
-                   accelerator=trainer.accelerator if multi else None)
+    generator = trainer_generator(trainer) if config.backend == "vllm" else None
+    res = evaluate(model, trainer.processing_class, dataset, reward_funcs, config, name=name,
+                   accelerator=trainer.accelerator if multi else None, generator=generator)
     model.train(was_training)
     return res
 
@@ -308,6 +669,9 @@ class PassAtKCallback(TrainerCallback):
     """Run :func:`evaluate` on ``dataset`` every ``eval_steps`` optimizer steps and log the numbers through the
     trainer's logging (``eval_passk/greedy``, ``eval_passk/T<t>/avg@k``, ``.../pass@k``, ``.../entropy``).
 
+    A progress bar (main process) unless the trainer's ``disable_tqdm``; ``config.backend="vllm"`` samples with the
+    trainer's vLLM engine (``use_vllm=True``).
+
     >>> trainer.add_callback(PassAtKCallback(trainer, load_default_dataset()["test"], EvalConfig(k=4), 50))
     """
 
@@ -315,14 +679,16 @@ class PassAtKCallback(TrainerCallback):
                  reward_funcs=accuracy_reward):
         if eval_steps < 1:
             raise ValueError(f"eval_steps must be >= 1, got {eval_steps}")
-        self.trainer, self.dataset, self.config = trainer, dataset, config or EvalConfig(k=4)
+        config = config or EvalConfig(k=4)
+        self.trainer, self.dataset, self.config = trainer, dataset, callback_config(trainer, config, config.backend)
         self.eval_steps, self.reward_funcs = eval_steps, reward_funcs
 
     def on_step_end(self, args, state, control, **kwargs):
         if state.global_step % self.eval_steps:
             return
         trainer = self.trainer
-        res = evaluate_policy(trainer, self.dataset, self.reward_funcs, self.config)
+        res = evaluate_policy(trainer, self.dataset, self.reward_funcs, self.config,
+                              name=f"pass@k step {state.global_step}")
         k = self.config.k
         logs = {"eval_passk/greedy": res["greedy"]} if "greedy" in res else {}
         for t, e in res["temperatures"].items():
@@ -338,22 +704,25 @@ class HeldOutCallback(TrainerCallback):
     greedy accuracy and avg@k at the trainer's sampling temperature, logged through the trainer as
     ``heldout/greedy`` and ``heldout/avg@k``. When training ends it prints base vs trained and writes
     ``<output_dir>/heldout.json`` and ``<output_dir>/heldout_curves.png`` (training reward and held-out accuracy
-    against the step). Every process must take part (the sampling is sharded).
+    against the step). Every process must take part (the sampling is sharded). Each measurement shows a progress
+    bar with an ETA on the main process, unless the trainer's ``disable_tqdm``. ``backend="vllm"`` samples with
+    the trainer's own vLLM engine (``use_vllm=True``; its current weights are pushed into it first), scored as with
+    ``"hf"``.
 
     >>> trainer.add_callback(HeldOutCallback(trainer, load_default_dataset()["test"], k=4, eval_steps=50))
     """
 
     def __init__(self, trainer, dataset, k: int = 4, eval_steps: int = 50, reward_funcs=accuracy_reward,
-                 max_completion_length: int | None = None, plot: bool = True):
+                 max_completion_length: int | None = None, plot: bool = True, backend: str = "hf"):
         if eval_steps < 1:
             raise ValueError(f"eval_steps must be >= 1, got {eval_steps}")
         args = trainer.args
         self.trainer, self.dataset, self.eval_steps, self.reward_funcs, self.plot = (
             trainer, dataset, eval_steps, reward_funcs, plot)
         self.temperature = args.temperature
-        self.config = EvalConfig(k=k, temperatures=[args.temperature], top_p=args.top_p, compute_entropy=False,
-                                 max_completion_length=max_completion_length or args.max_completion_length,
-                                 seed=args.seed)
+        self.config = callback_config(trainer, EvalConfig(
+            k=k, temperatures=[args.temperature], top_p=args.top_p, compute_entropy=False,
+            max_completion_length=max_completion_length or args.max_completion_length, seed=args.seed), backend)
         if plot:
             _plt()  # before training: a missing matplotlib fails now, not after the run
         self.history: list[dict] = []
@@ -362,7 +731,7 @@ class HeldOutCallback(TrainerCallback):
         if self.history and self.history[-1]["step"] == step:
             return
         trainer = self.trainer
-        res = evaluate_policy(trainer, self.dataset, self.reward_funcs, self.config)
+        res = evaluate_policy(trainer, self.dataset, self.reward_funcs, self.config, name=f"held-out step {step}")
         k, t = self.config.k, str(self.temperature)
         row = {"step": step, "greedy": res["greedy"], f"avg@{k}": res["temperatures"][t][f"avg@{k}"]}
         self.history.append(row)

@@ -176,8 +176,22 @@ class ServerGenerator:
 
 
 # ------------------------------------------------------------------------------------------------------ engines ---
+def engine_kwargs(config) -> dict:
+    """``vllm.LLM`` arguments (besides ``model``) of an offline engine, from a config with GRPOConfig's ``vllm_*``
+    field names: :class:`~trl_variants.presample.PresampleConfig` (``trl-variants presample``) or
+    :class:`~trl_variants.evaluate.EvalConfig` (``trl-variants evaluate``). ``vllm_model_impl`` is passed only by a
+    config that has it (the offline pass leaves vLLM's own default)."""
+    kwargs = dict(tensor_parallel_size=config.vllm_tensor_parallel_size,
+                  gpu_memory_utilization=config.vllm_gpu_memory_utilization,
+                  max_model_len=config.vllm_max_model_length, seed=config.seed)
+    if getattr(config, "vllm_model_impl", None):
+        kwargs["model_impl"] = config.vllm_model_impl
+    return kwargs
+
+
 def offline_generator(model, tokenizer, config, accelerator=None) -> VLLMGenerator:  # pragma: no cover - GPU
-    """An offline engine for ``trl-variants presample --use_vllm``. One process: ``vllm.LLM`` over
+    """An offline engine for ``trl-variants presample --use_vllm`` and ``trl-variants evaluate --backend vllm``
+    (``config``: see :func:`engine_kwargs`). One process: ``vllm.LLM`` over
     ``vllm_tensor_parallel_size`` GPUs. Several processes (``accelerate launch``): one engine per process, started by
     TRL's ``VLLMGeneration`` in colocate mode (it sets up vLLM's ``external_launcher`` under torchrun); tensor
     parallelism there would need every process of a group to generate the same shards, so it is refused."""
@@ -186,9 +200,7 @@ def offline_generator(model, tokenizer, config, accelerator=None) -> VLLMGenerat
     if world == 1:
         from vllm import LLM
 
-        llm = LLM(model=path, tensor_parallel_size=config.vllm_tensor_parallel_size,
-                  gpu_memory_utilization=config.vllm_gpu_memory_utilization,
-                  max_model_len=config.vllm_max_model_length, seed=config.seed)
+        llm = LLM(model=path, **engine_kwargs(config))
     else:
         if config.vllm_tensor_parallel_size != 1:
             raise ValueError(f"vllm_tensor_parallel_size={config.vllm_tensor_parallel_size} with {world} processes: "
@@ -198,9 +210,10 @@ def offline_generator(model, tokenizer, config, accelerator=None) -> VLLMGenerat
         from accelerate import Accelerator
         from trl.generation.vllm_generation import VLLMGeneration
 
+        impl = {"model_impl": config.vllm_model_impl} if getattr(config, "vllm_model_impl", None) else {}
         llm = VLLMGeneration(model=model, accelerator=Accelerator(), processing_class=tokenizer, mode="colocate",
                              gpu_memory_utilization=config.vllm_gpu_memory_utilization,
-                             max_model_length=config.vllm_max_model_length).llm
+                             max_model_length=config.vllm_max_model_length, **impl).llm
 
     def free():
         import gc
