@@ -15,8 +15,13 @@ train_dataset, kwargs)``
 ``eval_columns(trainer, d)``  the same for an evaluation dataset
 ``owns_rollout`` /            the part replaces GRPO's sampling of a batch (``_generate_single_turn``); at most
 ``generate(...)``             one part may
-``after_scoring(trainer,      after GRPO has generated and scored a batch: change the advantages, add per-row
-inputs, output)``             tensors the loss reads
+``after_rollout(trainer,      after GRPO has generated and scored one round of samples: fix what the rollout
+inputs, output)``             knows about its own rows (EEPO: old log-probs under the weights that sampled them)
+``fills_batch`` /             the part decides which scored groups make the batch and samples more rounds
+``fill(trainer, inputs,       (DAPO's dynamic sampling); at most one part may; training only
+rollout)``
+``after_scoring(trainer,      on the batch that will be trained (after ``fill``): change the advantages, add
+inputs, output)``             per-row tensors the loss reads
 ``wants_prompt_logps``        the part reads the prompt's log-likelihood off GRPO's own policy forward
 ``around_grpo_loss(trainer)`` a context around GRPO's own loss computation (e.g. a setting that must differ there)
 ``loss(trainer, model,        after GRPO's loss: return the new total (GRPO's plus the part's terms, already
@@ -62,6 +67,7 @@ class Part:
     needs: dict = {}  # name -> provide(trainer, dataset, split) -> dataset with that column
     offline_pass = False  # setup samples or scores the dataset before training (timed and logged as offline_pass/)
     owns_rollout = False
+    fills_batch = False
     wants_prompt_logps = False
 
     def check(self, trainer_name, args, train_dataset, kwargs) -> None:
@@ -75,6 +81,12 @@ class Part:
 
     def generate(self, trainer, grpo_generate, prompt_ids, images, multimodal_fields, num_generations,
                  has_tool_images=False):
+        raise NotImplementedError
+
+    def after_rollout(self, trainer, inputs, output) -> None:
+        pass
+
+    def fill(self, trainer, inputs, rollout):
         raise NotImplementedError
 
     def after_scoring(self, trainer, inputs, output) -> None:
@@ -109,9 +121,15 @@ class PartsTrainer(CheckpointStateMixin, ModelCardMixin, FiniteLossMixin, Offlin
         args = resolve_config(model, args, self._config_class, self._config_suffix)
         check_train_dataset(train_dataset, name)  # before GRPOTrainer loads the model
         self.parts = self.make_parts(args)
-        owners = [p.name for p in self.parts if p.owns_rollout]
-        if len(owners) > 1:
-            raise ValueError(f"parts {owners[0]!r} and {owners[1]!r} each replace GRPO's rollout: use one of them")
+        if getattr(args, "dynamic_sampling", False) and not any(p.fills_batch for p in self.parts):
+            # every GRPO-family config here has the field (dapo/config.py); imported here: dapo imports this module
+            from .dapo.part import DynamicSampling
+
+            self.parts.append(DynamicSampling(args.dynamic_sampling_max_rounds, args.seed))
+        for flag, what in (("owns_rollout", "replace GRPO's rollout"), ("fills_batch", "decide what fills the batch")):
+            owners = [p.name for p in self.parts if getattr(p, flag)]
+            if len(owners) > 1:
+                raise ValueError(f"parts {owners[0]!r} and {owners[1]!r} each {what}: use one of them")
         for part in self.parts:
             part.check(name, args, train_dataset, kwargs)
         check_reward_columns_before_load(reward_funcs, train_dataset, name)
@@ -154,10 +172,26 @@ class PartsTrainer(CheckpointStateMixin, ModelCardMixin, FiniteLossMixin, Offlin
                               has_tool_images)
 
     def _generate_and_score_completions(self, inputs):
-        output = super()._generate_and_score_completions(inputs)
+        filler = next((p for p in self.parts if p.fills_batch), None)
+        if filler is not None and self.model.training:
+            inputs, output = filler.fill(self, inputs, self._rollout)
+        else:
+            output = self._rollout(inputs)
         for part in self.parts:
             part.after_scoring(self, inputs, output)
         return output
+
+    def _rollout(self, inputs):
+        """One round: GRPO samples and scores ``inputs``, then the parts fix what the rollout knows of its rows."""
+        output = super()._generate_and_score_completions(inputs)
+        for part in self.parts:
+            part.after_rollout(self, inputs, output)
+        return output
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        self._rollout_rewards = rewards  # every process's rows (GRPO gathers them): what dynamic sampling reads
+        return rewards
 
     # ---------------------------------------------------------------------------------------------- the loss ---
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):

@@ -9,7 +9,7 @@ from ..dph.config import DPHConfig
 from ..eepo.config import EEPOConfig
 from ..erpo.config import ERPOConfig
 
-PART_NAMES = ("erpo_query_weights", "erpo_query_kl", "dph_rehearsal", "eepo_two_stage_rollout")
+PART_NAMES = ("erpo_query_weights", "erpo_query_kl", "dph_rehearsal", "eepo_two_stage_rollout", "dapo_dynamic_sampling")
 
 
 @dataclass
@@ -26,7 +26,9 @@ class ComposedConfig(ERPOConfig, DPHConfig, EEPOConfig):
             the additions to run, in this order: ``erpo_query_weights`` (advantages times w(s), eq. 8),
             ``erpo_query_kl`` (``query_kl_coef`` times the Query-KL, eq. 10-11), ``dph_rehearsal`` (the D_pef
             f-divergence term after DPH-RL's offline split, eq. 5-7), ``eepo_two_stage_rollout`` (sample-then-forget
-            rollouts, Algorithm 1). An empty list is GRPO.
+            rollouts, Algorithm 1), ``dapo_dynamic_sampling`` (DAPO's dynamic sampling, ``dynamic_sampling_*`` fields;
+            ``dynamic_sampling=True`` adds it). An empty list is GRPO; ``["dapo_dynamic_sampling"]`` is GRPO with
+            dynamic sampling.
     """
 
     parts: list[str] = field(
@@ -36,6 +38,10 @@ class ComposedConfig(ERPOConfig, DPHConfig, EEPOConfig):
 
     def __post_init__(self):
         super().__post_init__()
+        self.parts = list(self.parts)
+        if self.dynamic_sampling and "dapo_dynamic_sampling" not in self.parts:  # one truth: the parts list
+            self.parts.append("dapo_dynamic_sampling")
+        self.dynamic_sampling = "dapo_dynamic_sampling" in self.parts
         unknown = [p for p in self.parts if p not in PART_NAMES]
         if unknown:
             raise ValueError(f"ComposedConfig.parts: unknown part(s) {unknown}; choose from {list(PART_NAMES)}")

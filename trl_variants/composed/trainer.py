@@ -4,6 +4,7 @@ method's own (``erpo/part.py``, ``dph/part.py``, ``eepo/part.py``); this class o
 from __future__ import annotations
 
 from .._citations import DPH, EEPO, ERPO, GRPO
+from ..dapo.part import DynamicSampling
 from ..dph.part import Rehearsal
 from ..eepo.part import TwoStageRollout
 from ..erpo.part import QueryKL, QueryWeights
@@ -24,5 +25,6 @@ class ComposedTrainer(PartsTrainer):
         build = {"erpo_query_weights": lambda: QueryWeights(args.query_weight_source),
                  "erpo_query_kl": lambda: QueryKL(args.query_kl_coef, args.query_kl_estimator),
                  "dph_rehearsal": lambda: Rehearsal(args),
-                 "eepo_two_stage_rollout": TwoStageRollout}
+                 "eepo_two_stage_rollout": TwoStageRollout,
+                 "dapo_dynamic_sampling": lambda: DynamicSampling(args.dynamic_sampling_max_rounds, args.seed)}
         return [build[name]() for name in args.parts]

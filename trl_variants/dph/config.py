@@ -4,14 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from trl import GRPOConfig
-
 from .._validation import check_common
+from ..dapo.config import DynamicSamplingConfig
 from ..losses import DIVERGENCES
 
 
 @dataclass
-class DPHConfig(GRPOConfig):
+class DPHConfig(DynamicSamplingConfig):
     r"""
     Configuration for [`DPHTrainer`]: DPH-RL ("The Choice of Divergence: A Neglected Key to Mitigating Diversity
     Collapse in Reinforcement Learning with Verifiable Reward", arXiv 2509.07430, Sec. 4, App. C, F, G; equations and

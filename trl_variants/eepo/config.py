@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from trl import GRPOConfig
-
 from .._validation import check_common
+from ..dapo.config import DynamicSamplingConfig
 
 
 def check_whole_groups(per_device_train_batch_size: int, steps_per_generation: int, num_generations: int) -> None:
@@ -22,7 +21,7 @@ def check_whole_groups(per_device_train_batch_size: int, steps_per_generation: i
 
 
 @dataclass
-class EEPOConfig(GRPOConfig):
+class EEPOConfig(DynamicSamplingConfig):
     r"""
     Configuration for [`EEPOTrainer`]: GRPO with two-stage sample-then-forget rollouts ("EEPO: Exploration-Enhanced
     Policy Optimization via Sample-Then-Forget", arXiv 2510.05837, Sec. 3, Algorithm 1; equations and defaults in

@@ -168,7 +168,7 @@ class TwoStageRollout(Part):
         trainer._pending_stage2 = stage2
         return _interleave(stage1, stage2, c1, c2, lp1, lp2)
 
-    def after_scoring(self, trainer, inputs, output) -> None:
+    def after_rollout(self, trainer, inputs, output) -> None:
         """Each row's old log-probs (and, with vLLM, its sampler/trainer correction) taken against the weights that
         sampled it: stage 1 the policy (TRL's own values), stage 2 the unlearned model."""
         rows, stage2 = trainer._pending_old_logps, trainer._pending_stage2

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from trl import GRPOConfig
-
 from .._validation import check_common
+from ..dapo.config import DynamicSamplingConfig
 
 
 @dataclass
-class ERPOConfig(GRPOConfig):
+class ERPOConfig(DynamicSamplingConfig):
     r"""
     Configuration for [`ERPOTrainer`]: GRPO plus ERPO's query-weighted advantages and Query-KL ("Beyond the
     Stability-Exploration Dilemma: Environmental Regularization for LLM Policy Optimization", an anonymous preprint
