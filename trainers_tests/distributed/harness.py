@@ -56,7 +56,8 @@ def _per_row_generate():
             key = tuple(prompt.tolist())
             for _ in range(copies):
                 seen[key] = seen.get(key, -1) + 1
-                digest = hashlib.sha256(repr((PHASE["name"], key, seen[key])).encode()).digest()
+                phase = PHASE["name"] if PHASE.get("round", 1) == 1 else (PHASE["name"], PHASE["round"])
+                digest = hashlib.sha256(repr((phase, key, seen[key])).encode()).digest()
                 torch.manual_seed(int.from_bytes(digest[:4], "little"))
                 out = original(self, input_ids=prompt[None], attention_mask=torch.ones_like(prompt)[None],
                                generation_config=one, **kwargs)
@@ -69,13 +70,24 @@ def _per_row_generate():
 
     GenerationMixin.generate = generate
 
+    # Dynamic sampling samples several rounds per step, every process the same number: a round is its own phase.
+    from trl_variants.parts import PartsTrainer
+
+    rollout = PartsTrainer._rollout
+
+    def counted_rollout(self, inputs):
+        PHASE["round"], PHASE["seen"] = PHASE.get("round", 0) + 1, {}
+        return rollout(self, inputs)
+
+    PartsTrainer._rollout = counted_rollout
+
 
 def _phase_callback():
     from transformers import TrainerCallback
 
     class Phase(TrainerCallback):
         def on_step_begin(self, args, state, control, **kwargs):
-            PHASE["name"], PHASE["seen"] = state.global_step, {}
+            PHASE["name"], PHASE["seen"], PHASE["round"] = state.global_step, {}, 0
 
     return Phase()
 
@@ -86,6 +98,12 @@ def digit_reward(completions, **kwargs):
     from trl_variants.rewards import completion_text
 
     return [sum(ch.isdigit() for ch in completion_text(c)) / 10 for c in completions]
+
+
+def half_digit_reward(prompts, completions, **kwargs):
+    """:func:`digit_reward` on about half of the prompts, 0 on the others: there every group is all-equal, so dynamic
+    sampling drops it and refills."""
+    return [0.0 if sum(map(ord, str(p))) % 2 else r for p, r in zip(prompts, digit_reward(completions), strict=True)]
 
 
 def _config(name: str, world: int, out: Path):
@@ -113,8 +131,10 @@ def _config(name: str, world: int, out: Path):
         return DPHConfig(num_generations=4, num_presamples=4, pef_threshold=4, pef_batch_size=8 // world,
                          divergence="forward_kl", dph_coef=1.0, presample_cache_dir=str(out / "cache"),
                          **dict(common, max_completion_length=40))
-    if name == "composed":  # every part at once: ERPO's weights and Query-KL, DPH-RL's rehearsal, EEPO's rollout
-        return ComposedConfig(num_generations=4, parts=list(PART_NAMES), entropy_gate="always", query_kl_coef=0.1,
+    if name in ("composed", "composed_ds"):  # every method's parts at once: ERPO's weights and Query-KL, DPH-RL's
+        # rehearsal, EEPO's rollout; composed_ds adds dynamic sampling (with a reward that leaves groups all-equal)
+        parts = [p for p in PART_NAMES if name == "composed_ds" or p != "dapo_dynamic_sampling"]
+        return ComposedConfig(num_generations=4, parts=parts, entropy_gate="always", query_kl_coef=0.1,
                               num_presamples=4, pef_threshold=4, pef_batch_size=8 // world, divergence="forward_kl",
                               dph_coef=1.0, presample_cache_dir=str(out / "cache"),
                               **dict(common, max_completion_length=40))
@@ -160,7 +180,7 @@ def main(name: str, out: str) -> None:
     _per_row_generate()
     trainer_cls = {"erpo": trl_variants.ERPOTrainer, "eepo": trl_variants.EEPOTrainer,
                    "dph": trl_variants.DPHTrainer, "apo": trl_variants.APOTrainer,
-                   "composed": trl_variants.ComposedTrainer}[name]
+                   "composed": trl_variants.ComposedTrainer, "composed_ds": trl_variants.ComposedTrainer}[name]
     args = _config(name, world, out)
     process_type = PartialState().distributed_type
     if os.environ.get("ACCELERATE_USE_FSDP") == "true" and "GPU" not in str(process_type):
@@ -173,7 +193,8 @@ def main(name: str, out: str) -> None:
         from transformers import AutoModelForCausalLM
 
         model = AutoModelForCausalLM.from_pretrained(DEFAULT_MODEL_PATH, dtype=getattr(torch, DTYPE))
-    trainer = trainer_cls(model=model, reward_funcs=[accuracy_reward, digit_reward],
+    rewards = [accuracy_reward, half_digit_reward if name == "composed_ds" else digit_reward]
+    trainer = trainer_cls(model=model, reward_funcs=rewards,
                           train_dataset=train_dataset(48),
                           args=args)
     state = PartialState()
@@ -182,10 +203,10 @@ def main(name: str, out: str) -> None:
     trainer.add_callback(_phase_callback())
     observed = {"world": world, "distributed_type": str(trainer.accelerator.distributed_type),
                 "deepspeed": trainer.is_deepspeed_enabled, "fsdp": trainer.is_fsdp_enabled}
-    if name in ("eepo", "composed"):
+    if name in ("eepo", "composed", "composed_ds"):
         _watch_eepo_rollout_models(trainer, observed)
-    if name in ("dph", "apo", "composed"):  # what the offline pass produced (DPH-RL: the split it made), to compare backends
-        parts = [trainer.train_dataset] + ([trainer.pef_dataset] if name in ("dph", "composed") else [])
+    if name in ("dph", "apo", "composed", "composed_ds"):  # what the offline pass produced (DPH-RL: the split it made), to compare backends
+        parts = [trainer.train_dataset] + ([trainer.pef_dataset] if name != "apo" else [])
         text = json.dumps([part.to_dict() for part in parts], sort_keys=True, default=str)
         observed["offline_pass_digest"] = hashlib.sha256(text.encode()).hexdigest()
     trainer.train()

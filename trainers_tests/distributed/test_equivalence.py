@@ -62,7 +62,7 @@ def assert_same_run(one: Path, two: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("trainer,port", [("erpo", 29621), ("apo", 29623), ("dph", 29625), ("eepo", 29627),
-                                          ("composed", 29629)])
+                                          ("composed", 29629), ("composed_ds", 29631)])
 def test_two_processes_train_as_one(tmp_path, trainer, port):
     launch(1, trainer, tmp_path / "one", port)
     launch(2, trainer, tmp_path / "two", port + 1)
@@ -71,3 +71,11 @@ def test_two_processes_train_as_one(tmp_path, trainer, port):
         ranks = [json.loads((tmp_path / "two" / f"rank{r}.json").read_text()) for r in (0, 1)]
         digests = [r["rollout_model_digests"] for r in ranks]
         assert len(digests[0]) == 3 and digests[0] == digests[1]  # every rank sampled stage 2 from the same model
+    if trainer == "composed_ds":  # dynamic sampling refilled (more rounds than steps), the same on both counts
+        log1, log2 = (json.loads((tmp_path / d / "log_history.json").read_text()) for d in ("one", "two"))
+        rounds = [h["dynamic_sampling/rounds"] for h in log1 if "dynamic_sampling/rounds" in h]
+        assert len(rounds) == 3 and sum(rounds) > 3
+        assert rounds == [h["dynamic_sampling/rounds"] for h in log2 if "dynamic_sampling/rounds" in h]
+        ranks = [json.loads((tmp_path / "two" / f"rank{r}.json").read_text()) for r in (0, 1)]
+        digests = [r["rollout_model_digests"] for r in ranks]
+        assert len(digests[0]) == sum(rounds) and digests[0] == digests[1]  # one EEPO unlearning per round
