@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import warnings
 from pathlib import Path
 
 _MAX_ROWS_SHOWN = 5
@@ -326,18 +327,34 @@ class CheckedReward:
     at the call that returned it, naming the function (``GRPOTrainer`` would fail later in ``torch.tensor`` with
     "too many dimensions 'str'"). It keeps what TRL and the offline pass read from the function: ``__name__`` (TRL's
     metric names), the signature (through ``__wrapped__``), and the cache fingerprint (``reward_fingerprint`` looks
-    through it). Returns floats, NaN where the function returned None (TRL turns None into NaN itself)."""
+    through it). Returns floats, NaN where the function returned None (TRL turns None into NaN itself). A NaN the
+    function returned is kept (TRL treats it as None) and said once per wrapper, naming the function."""
 
     def __init__(self, func):
         self.__wrapped__ = func
         self.__name__ = _reward_func_name(func)
+        self._said_nan = False
 
     @staticmethod
     def _count(args, kwargs) -> int:
         return len(kwargs["completions"] if "completions" in kwargs else args[1])
 
+    def _checked(self, values, args, kwargs) -> list[float]:
+        n = self._count(args, kwargs)
+        out = reward_values(values, self.__wrapped__, n)
+        if not self._said_nan:  # a NaN the function returned (not a None): said once per function, then kept quiet
+            nan = [i for i, (v, x) in enumerate(zip(values, out, strict=True)) if v is not None and math.isnan(x)]
+            if nan:
+                self._said_nan = True
+                warnings.warn(
+                    f"reward function {self.__name__!r} returned NaN for completion {nan[0]} of {n} ({len(nan)} in this "
+                    "call): treated as None, no reward from this function for that completion, as GRPOTrainer treats "
+                    "it (its nansum and nanmean leave it out). Return None for no reward, or fix what makes it NaN "
+                    "(e.g. 0 / 0). Said once for this function: later NaNs are not reported", stacklevel=3)
+        return out
+
     def __call__(self, *args, **kwargs):
-        return reward_values(self.__wrapped__(*args, **kwargs), self.__wrapped__, self._count(args, kwargs))
+        return self._checked(self.__wrapped__(*args, **kwargs), args, kwargs)
 
     def __repr__(self) -> str:
         return f"CheckedReward({self.__wrapped__!r})"
@@ -347,7 +364,7 @@ class AsyncCheckedReward(CheckedReward):
     """:class:`CheckedReward` for an async reward function (TRL awaits it in its async reward path)."""
 
     async def __call__(self, *args, **kwargs):
-        return reward_values(await self.__wrapped__(*args, **kwargs), self.__wrapped__, self._count(args, kwargs))
+        return self._checked(await self.__wrapped__(*args, **kwargs), args, kwargs)
 
 
 def checked_reward_funcs(reward_funcs):

@@ -12,7 +12,12 @@ from pathlib import Path
 
 import torch
 
-from .._validation import check_reward_column_values, check_train_dataset, ensure_pad_token
+from .._validation import (
+    check_reward_column_values,
+    check_train_dataset,
+    checked_reward_funcs,
+    ensure_pad_token,
+)
 from ..generation import generate_completions, tokenize_prompts
 from . import vllm_backend
 from .cache import atomic_write_json, cache_key, default_cache_dir, read_shard
@@ -180,6 +185,7 @@ def presample(
 
     config = config or PresampleConfig()
     reward_funcs = [reward_funcs] if callable(reward_funcs) else list(reward_funcs)
+    reward_funcs = checked_reward_funcs(reward_funcs)  # as in the trainers: a NaN reward is said once per function
     reward_weights = [1.0] * len(reward_funcs) if reward_weights is None else list(reward_weights)
     # --- every check before any expensive work ---
     check_train_dataset(dataset, "presample", split="dataset")  # a prompt column, no empty prompt
