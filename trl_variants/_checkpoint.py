@@ -117,6 +117,12 @@ class CheckpointStateMixin:
     algorithm keeps state between steps (JSON-serialisable)."""
 
     def __init__(self, *args, **kwargs):
+        # ``args.resume_from_checkpoint`` (transformers leaves it to scripts, which pass it to train()): its checkpoint
+        # is checked now, before GRPOTrainer loads the model and before the trainer's offline pass, not only at train()
+        config = kwargs["args"] if "args" in kwargs else args[2] if len(args) > 2 else None
+        resume = getattr(config, "resume_from_checkpoint", None)
+        if isinstance(resume, str | os.PathLike) and str(resume).strip().lower() not in ("", "true", "false"):
+            check_checkpoint_record(str(resume), type(self).__name__, config)
         super().__init__(*args, **kwargs)
         self.add_callback(TrlVariantsCheckpoint(self))
 
@@ -171,31 +177,39 @@ class CheckpointStateMixin:
         return path
 
     def _restore_record(self, checkpoint: str) -> None:
-        problem = checkpoint_problem(checkpoint)
-        if problem is not None:
-            raise ValueError(f"cannot resume from {checkpoint}: {problem}. Resume from the previous checkpoint, or pass "
-                             "resume_from_checkpoint=True to pick the last complete one")
-        state_file = os.path.join(checkpoint, TRAINER_STATE_NAME)
-        me = type(self).__name__
-        record = TrainerState.load_from_json(state_file).stateful_callbacks.get(TrlVariantsCheckpoint.__name__)
-        if not isinstance(record, dict) or "trainer" not in record:
-            raise ValueError(
-                f"{state_file} has no trl_variants record (stateful_callbacks[{TrlVariantsCheckpoint.__name__!r}]): "
-                f"checkpoint {checkpoint} was not written by {me} (it comes from another trainer, e.g. plain "
-                "GRPOTrainer, or from a trl_variants version that kept its state in trl_variants_state.json). Start a "
-                f"new run without resume_from_checkpoint (model={checkpoint!r} starts it from those weights)")
-        if record.get("format", RECORD_FORMAT) > RECORD_FORMAT:
-            raise ValueError(f"checkpoint {checkpoint} was written by a newer trl_variants (record format "
-                             f"{record['format']}, this version reads {RECORD_FORMAT}): resume it with that version")
-        if record["trainer"] != me:
-            raise ValueError(f"checkpoint {checkpoint} was written by {record['trainer']}; resume it with "
-                             f"{record['trainer']}, or start a new run without resume_from_checkpoint")
-        mine, theirs = resume_fields(self.args), record.get("config", {})
-        changed = [name for name in mine if name in theirs and mine[name] != theirs[name]]
-        if changed:
-            lines = "; ".join(f"{name}: checkpoint {theirs[name]!r}, this run {mine[name]!r}" for name in changed)
-            raise ValueError(
-                f"checkpoint {checkpoint} was written with other settings ({lines}). A resume continues the same run: "
-                f"set {', '.join(changed)} back to the checkpoint's value(s), or start a new run without "
-                f"resume_from_checkpoint (model={checkpoint!r} starts it from those weights)")
+        record = check_checkpoint_record(checkpoint, type(self).__name__, self.args)
         self._load_extra_state(record.get("algorithm_state", {}))
+
+
+def check_checkpoint_record(checkpoint: str, trainer_name: str, args) -> dict:
+    """The record of ``checkpoint`` (see the module docstring), after checking that the checkpoint is complete and was
+    written by ``trainer_name`` with the same :func:`resume_fields` as ``args``; raises naming what differs and the
+    fix. Reads only ``trainer_state.json``: a trainer runs it at construction (before the model load and any offline
+    pass, :meth:`CheckpointStateMixin.__init__`) and again at ``train()``, where the algorithm state is restored."""
+    problem = checkpoint_problem(checkpoint)
+    if problem is not None:
+        raise ValueError(f"cannot resume from {checkpoint}: {problem}. Resume from the previous checkpoint, or pass "
+                         "resume_from_checkpoint=True to pick the last complete one")
+    state_file = os.path.join(checkpoint, TRAINER_STATE_NAME)
+    record = TrainerState.load_from_json(state_file).stateful_callbacks.get(TrlVariantsCheckpoint.__name__)
+    if not isinstance(record, dict) or "trainer" not in record:
+        raise ValueError(
+            f"{state_file} has no trl_variants record (stateful_callbacks[{TrlVariantsCheckpoint.__name__!r}]): "
+            f"checkpoint {checkpoint} was not written by {trainer_name} (it comes from another trainer, e.g. plain "
+            "GRPOTrainer, or from a trl_variants version that kept its state in trl_variants_state.json). Start a "
+            f"new run without resume_from_checkpoint (model={checkpoint!r} starts it from those weights)")
+    if record.get("format", RECORD_FORMAT) > RECORD_FORMAT:
+        raise ValueError(f"checkpoint {checkpoint} was written by a newer trl_variants (record format "
+                         f"{record['format']}, this version reads {RECORD_FORMAT}): resume it with that version")
+    if record["trainer"] != trainer_name:
+        raise ValueError(f"checkpoint {checkpoint} was written by {record['trainer']}; resume it with "
+                         f"{record['trainer']}, or start a new run without resume_from_checkpoint")
+    mine, theirs = resume_fields(args), record.get("config", {})
+    changed = [name for name in mine if name in theirs and mine[name] != theirs[name]]
+    if changed:
+        lines = "; ".join(f"{name}: checkpoint {theirs[name]!r}, this run {mine[name]!r}" for name in changed)
+        raise ValueError(
+            f"checkpoint {checkpoint} was written with other settings ({lines}). A resume continues the same run: "
+            f"set {', '.join(changed)} back to the checkpoint's value(s), or start a new run without "
+            f"resume_from_checkpoint (model={checkpoint!r} starts it from those weights)")
+    return record
