@@ -37,7 +37,12 @@ import torch
 from transformers import TrainerCallback
 from trl import GRPOConfig
 
-from ._validation import check_train_dataset, ensure_pad_token
+from ._validation import (
+    check_reward_column_values,
+    check_train_dataset,
+    checked_reward_funcs,
+    ensure_pad_token,
+)
 from .generation import tokenize_prompts
 from .presample import PresampleConfig, token_logps
 from .presample.cache import model_signature
@@ -451,6 +456,7 @@ def evaluate(
 
     config = config or EvalConfig()
     reward_funcs = [reward_funcs] if callable(reward_funcs) else list(reward_funcs)
+    reward_funcs = checked_reward_funcs(reward_funcs)  # as the offline pass: bad values refused, naming the function
     # --- every check before anything loads ---
     if generator is None:
         check_backend(config.backend)
@@ -465,6 +471,7 @@ def evaluate(
     if not reward_funcs:
         raise ValueError("evaluate needs at least one reward function")
     check_reward_columns(reward_funcs, dataset.column_names)
+    check_reward_column_values(reward_funcs, dataset, "evaluate")  # no None where a reward function reads a column
     passes = ([("greedy", None)] if config.greedy else []) + [(str(t), t) for t in config.temperatures]
     if config.backend == "vllm" or generator is not None:
         for _, t in passes:
