@@ -416,14 +416,14 @@ def test_train_parses_a_shipped_recipe_by_name_with_flags_overriding_it(monkeypa
 def test_train_without_a_method_or_with_an_unknown_one_or_recipe_says_what_to_choose(capsys):
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["train"])
-    assert exit_info.value.code == 2 and "trl-variants train {erpo,eepo,dph,apo,grpo}" in capsys.readouterr().err
+    assert exit_info.value.code == 2 and "trl-variants train {erpo,eepo,dph,apo,composed,grpo}" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["train", "--max_steps", "2"])
     assert exit_info.value.code == 2 and "expected a method before the options, got '--max_steps'" in \
         capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["train", "ppo"])
-    assert exit_info.value.code == 2 and "unknown method 'ppo'; choose one of: erpo, eepo, dph, apo, grpo" in \
+    assert exit_info.value.code == 2 and "unknown method 'ppo'; choose one of: erpo, eepo, dph, apo, composed, grpo" in \
         capsys.readouterr().err
     with pytest.raises(SystemExit, match=r"--config erpo/qwen-72b: no such file, and no shipped recipe"):
         cli.main(["train", "erpo", "--config", "erpo/qwen-72b"])

@@ -493,7 +493,8 @@ def train_cli(argv: list[str]) -> None:
 COMMANDS = {"train": train_cli, "recipes": recipes_main, "presample": presample_main, "evaluate": evaluate_main,
             "cache": cache_main}
 COMMAND_HELP = {
-    "train": "Train with ERPO, EEPO, DPH-RL, A*-PO or TRL's GRPO (`train erpo|eepo|dph|apo|grpo`) on a shipped recipe "
+    "train": "Train with ERPO, EEPO, DPH-RL, A*-PO, a combination of parts or TRL's GRPO "
+             "(`train erpo|eepo|dph|apo|composed|grpo`) on a shipped recipe "
              "(--config NAME; default: the tiny CPU one) or your YAML, flags overriding it: the example scripts, "
              "inside the package.",
     "recipes": "List the recipes and accelerate configs shipped in the package (`--path NAME`: a recipe's file).",

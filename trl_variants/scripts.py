@@ -540,6 +540,7 @@ METHODS = {
     "eepo": ("trl_variants", "EEPOTrainer", "EEPOConfig"),
     "dph": ("trl_variants", "DPHTrainer", "DPHConfig"),
     "apo": ("trl_variants", "APOTrainer", "APOConfig"),
+    "composed": ("trl_variants", "ComposedTrainer", "ComposedConfig"),  # any subset of the parts (docs/parts.md)
     "grpo": ("trl", "GRPOTrainer", "GRPOConfig"),  # TRL's own trainer: the baseline, on the same setup
 }
 """``trl-variants train <method>``: the module, trainer class and config class of each method."""

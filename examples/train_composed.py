@@ -1,0 +1,14 @@
+"""Train GRPO with any combination of parts: ERPO's query weights and Query-KL, DPH-RL's rehearsal, EEPO's
+two-stage rollout and DAPO's dynamic sampling (docs/parts.md).
+
+    accelerate launch examples/train_composed.py                  # tiny default (configs/composed/tiny_cpu.yaml), CPU
+    accelerate launch examples/train_composed.py --parts erpo_query_weights dapo_dynamic_sampling --max_steps 20
+
+The same as `trl-variants train composed` (no clone needed): the steps are `trl_variants.scripts.run_training`.
+"""
+
+from trl_variants import ComposedConfig, ComposedTrainer
+from trl_variants.scripts import train_main
+
+if __name__ == "__main__":
+    train_main("composed", ComposedTrainer, ComposedConfig)
