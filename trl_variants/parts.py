@@ -44,7 +44,13 @@ from trl import GRPOTrainer
 from ._card import ModelCardMixin
 from ._checkpoint import CheckpointStateMixin
 from ._common import EvalDatasetMixin, FiniteLossMixin, OfflinePassLogMixin, resolve_config
-from ._validation import check_reward_columns_before_load, check_train_dataset, checked_reward_funcs
+from ._validation import (
+    check_model_paths,
+    check_reward_columns_before_load,
+    check_stored_columns,
+    check_train_dataset,
+    checked_reward_funcs,
+)
 from .generation import pack_prompt_completion
 
 
@@ -133,6 +139,8 @@ class PartsTrainer(CheckpointStateMixin, ModelCardMixin, FiniteLossMixin, Offlin
         for part in self.parts:
             part.check(name, args, train_dataset, kwargs)
         check_reward_columns_before_load(reward_funcs, train_dataset, name)
+        check_stored_columns(train_dataset, name, args, [need for part in self.parts for need in part.needs])
+        check_model_paths(model, reward_funcs, name)  # a path that does not exist, a Hub id offline and not cached
         reward_funcs = checked_reward_funcs(reward_funcs)  # a bad reward value is refused naming the function
         self._policy_forward: PolicyForward | None = None
         super().__init__(model, reward_funcs, args=args, train_dataset=train_dataset, eval_dataset=eval_dataset,

@@ -358,3 +358,129 @@ def test_streamed_dataset_is_not_read_by_the_checks(tmp_path, no_model_load):
     data = _prompts(*PROMPTS, answer=["5", None]).to_iterable_dataset()
     with pytest.raises(ModelLoaded):
         ERPOTrainer(DEFAULT_MODEL_PATH, [answer_reward], args=_config(ERPOConfig, tmp_path), train_dataset=data)
+
+
+# ------------------------------------------------- stored values that cannot be true, refused before the model loads ---
+def _presampled_for_dph(**overrides):
+    """Two prompts as `trl-variants presample --num_samples 2 --record_completion_logps true` leaves them (values made
+    up; the checks read only their shape and range), with ``overrides`` replacing columns."""
+    columns = dict(ref_prompt_ids=[[1, 2], [1, 3]], ref_completion_ids=[[[5, 6, 2], [7, 2]], [[5, 2], [6, 6, 6, 2]]],
+                   ref_completion_logps=[[[-0.5, -1.0, -0.1], [-2.0, -0.3]], [[-0.2, -0.1], [-1.0, -1.0, -1.0, -0.5]]],
+                   ref_rewards=[[1.0, 0.0], [0.0, 0.0]], ref_rewards_per_func=[[[1.0], [0.0]], [[0.0], [0.0]]])
+    return _prompts(*PROMPTS, **{**columns, **overrides})
+
+
+STORED_CASES = {  # trainer -> (the dataset, what the message says); EEPO reads no stored column
+    "erpo": (lambda: _prompts(*PROMPTS, ref_prompt_logp=[-3.0, 2.5]),
+             r"column 'ref_prompt_logp' holds l_ref\(s\), a sum of log-probs \(<= 0\), but rows \[1\] \(1 in all\) are "
+             r"above 0 \(e\.g\. row 1: 2\.5\).*drop the column.*--record_prompt_logp true"),
+    "dph": (lambda: _presampled_for_dph(ref_completion_logps=[[[-0.5, -1.0, -0.1], [-2.0, -0.3]],
+                                                              [[-0.2, -0.1], [-1.0, -1.0, -0.5]]]),
+            r"column 'ref_completion_logps' has, at rows \[1\] \(1 in all\), a completion with another number of "
+            r"log-probs than its tokens in 'ref_completion_ids' \(e\.g\. row 1, completion 1: 3 log-probs for 4 "
+            r"tokens\).*--record_completion_logps true.*drop the ref_\* columns"),
+    "apo": (lambda: _prompts(*PROMPTS, ref_prompt_ids=[[1, 2], [1, 3]], ref_rewards=[[1.0, 0.0], [0.0, 0.0]],
+                             ref_value=[0.4, 3.0]),
+            r"column 'ref_value' holds V_hat\(x\), a soft maximum of the row's 'ref_rewards' \(between their smallest "
+            r"and largest; NaN when none is finite\), but rows \[1\] \(1 in all\) do not \(e\.g\. row 1: 3\.0 for rewards \[0\.0, 0\.0\]\).*"
+            r"--value_beta.*drop the ref_\* columns"),
+}
+
+
+def _stored_case(trainer_cls):
+    name = {ERPOTrainer: "erpo", DPHTrainer: "dph", APOTrainer: "apo", ComposedTrainer: "erpo"}[trainer_cls]
+    return STORED_CASES[name]
+
+
+@pytest.mark.parametrize("trainer_cls,config_cls", [t for t in RULE_TRAINERS if t[0] is not EEPOTrainer],
+                         ids=[i for i in RULE_IDS if i != "eepo"])
+def test_stored_value_that_cannot_be_true_refused_before_model_load(trainer_cls, config_cls, tmp_path,
+                                                                    no_model_load):
+    """A stored column the trainer reads holding a value the offline pass cannot have made: ERPO's l_ref(s) above 0
+    (a sum of log-probs), DPH-RL's per-token reference log-probs not one per completion token (the loss pads the
+    missing ones with log-prob 0, silently), A*-PO's V_hat outside its rewards' range."""
+    make, message = _stored_case(trainer_cls)
+    kw = {"parts": ["erpo_query_weights", "erpo_query_kl"]} if trainer_cls is ComposedTrainer else {}  # ERPO's
+    with pytest.raises(ValueError, match=rf"{trainer_cls.__name__}: {message}"):
+        trainer_cls(DEFAULT_MODEL_PATH, accuracy_reward, args=_config(config_cls, tmp_path, **kw), train_dataset=make())
+
+
+def test_composed_rehearsal_checks_the_stored_completion_logps(tmp_path, no_model_load):
+    make, message = STORED_CASES["dph"]
+    args = _config(ComposedConfig, tmp_path, parts=["dph_rehearsal"])
+    with pytest.raises(ValueError, match=rf"ComposedTrainer: {message}"):
+        ComposedTrainer(DEFAULT_MODEL_PATH, accuracy_reward, args=args, train_dataset=make())
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (dict(ref_completion_logps=[[[-0.5, 0.7, -0.1], [-2.0, -0.3]], [[-0.2, -0.1], [-1.0, -1.0, -1.0, -0.5]]]),
+     r"'ref_completion_logps' holds per-token log-probs \(<= 0, finite\), but rows \[0\] \(1 in all\) do not "
+     r"\(e\.g\. row 0: 0\.7\)"),
+    (dict(ref_completion_logps=[[[-0.5, -1.0, -0.1]], [[-0.2, -0.1], [-1.0, -1.0, -1.0, -0.5]]]),
+     r"'ref_completion_logps' has, at rows \[0\] \(1 in all\), another number of completions than "
+     r"'ref_completion_ids' \(e\.g\. row 0: 1 and 2\)"),
+])
+def test_dph_refuses_other_impossible_completion_logps(overrides, message, tmp_path, no_model_load):
+    with pytest.raises(ValueError, match=rf"DPHTrainer: .*{message}"):
+        DPHTrainer(DEFAULT_MODEL_PATH, accuracy_reward, args=_config(DPHConfig, tmp_path),
+                   train_dataset=_presampled_for_dph(**overrides))
+
+
+@pytest.mark.parametrize("values,shown", [([0.4, float("inf")], "inf"), ([0.4, None], "None")])
+def test_apo_refuses_a_value_that_is_not_a_number(values, shown, tmp_path, no_model_load):
+    data = _prompts(*PROMPTS, ref_prompt_ids=[[1, 2], [1, 3]], ref_rewards=[[1.0, 0.0], [0.0, 1.0]], ref_value=values)
+    with pytest.raises(ValueError, match=rf"APOTrainer: column 'ref_value' .*rows \[1\] .*row 1: {shown}"):
+        APOTrainer(DEFAULT_MODEL_PATH, accuracy_reward, args=_config(APOConfig, tmp_path), train_dataset=data)
+
+
+@pytest.mark.parametrize("trainer_cls,config_cls", RULE_TRAINERS, ids=RULE_IDS)
+def test_possible_stored_values_are_accepted(trainer_cls, config_cls, tmp_path, no_model_load):
+    """What the offline pass makes is not refused (a NaN V_hat: no sample got a reward; an l_ref of 0); EEPO reads no
+    stored column, so it refuses none of these."""
+    if trainer_cls in (DPHTrainer, ComposedTrainer):
+        data = _presampled_for_dph()
+        if trainer_cls is ComposedTrainer:
+            data = data.add_column("ref_prompt_logp", [-3.0, 0.0])
+    elif trainer_cls is APOTrainer:
+        data = _prompts(*PROMPTS, ref_prompt_ids=[[1, 2], [1, 3]], ref_rewards=[[1.0, 0.0], [float("nan")] * 2],
+                        ref_value=[0.4, float("nan")])
+    else:
+        data = _prompts(*PROMPTS, ref_prompt_logp=[-3.0, 0.0])
+        if trainer_cls is EEPOTrainer:
+            data = _presampled_for_dph(ref_completion_logps=[[[0.5]], [[1.0]]]).add_column("ref_prompt_logp",
+                                                                                          [2.0, 1.0])
+    with pytest.raises(ModelLoaded):
+        trainer_cls(DEFAULT_MODEL_PATH, accuracy_reward, args=_config(config_cls, tmp_path), train_dataset=data)
+
+
+# ------------------------------------------------------------ a model that does not exist, before anything loads ---
+@pytest.mark.parametrize("trainer_cls,config_cls", RULE_TRAINERS, ids=RULE_IDS)
+def test_model_path_that_does_not_exist_refused_by_every_trainer(trainer_cls, config_cls, tmp_path, no_model_load):
+    typo = str(tmp_path / "erpo-tny")
+    with pytest.raises(ValueError, match=rf"{trainer_cls.__name__}: model '.*erpo-tny' does not exist.*check the "
+                                         r"spelling.*HF_HUB_OFFLINE is set"):
+        trainer_cls(typo, accuracy_reward, args=_config(config_cls, tmp_path), train_dataset=_prompts(*PROMPTS))
+    with pytest.raises(ValueError, match=rf"{trainer_cls.__name__}: model 'no-such-org/no-such-model' is not a local "
+                                         r"directory and not in the Hugging Face cache, and HF_HUB_OFFLINE is set"):
+        trainer_cls("no-such-org/no-such-model", accuracy_reward, args=_config(config_cls, tmp_path),
+                    train_dataset=_prompts(*PROMPTS))
+    with pytest.raises(ValueError, match=rf"{trainer_cls.__name__}: reward_funcs\[1\] 'no-such-org/reward-model' is "
+                                         r"not a local directory"):
+        trainer_cls(DEFAULT_MODEL_PATH, [accuracy_reward, "no-such-org/reward-model"],
+                    args=_config(config_cls, tmp_path), train_dataset=_prompts(*PROMPTS))
+
+
+def test_presample_refuses_a_model_path_that_does_not_exist(tmp_path, no_model_load):
+    with pytest.raises(ValueError, match=r"presample: model '.*erpo-tny' does not exist.*HF_HUB_OFFLINE is set"):
+        presample(str(tmp_path / "erpo-tny"), None, _prompts(*PROMPTS), [], _logp_config(tmp_path))
+
+
+def test_the_offline_pass_output_passes_the_stored_checks(tmp_path, tiny_model, tiny_tokenizer):
+    """What presample() writes (temperature 0.7: the log-probs of the scaled distribution) is never refused."""
+    from trl_variants._validation import check_stored_columns
+
+    config = PresampleConfig(num_samples=2, max_completion_length=6, temperature=0.7, record_prompt_logp=True,
+                             record_completion_logps=True, value_beta=0.5, use_cache=False, show_progress=False)
+    out = presample(tiny_model, tiny_tokenizer, _prompts(*PROMPTS), [accuracy_reward], config)
+    check_stored_columns(out, "test", None, ["ref_prompt_logp", "ref_completion_logps", "ref_value"])
+    check_stored_columns(out.select([1]), "test", None, ["ref_prompt_logp", "ref_completion_logps", "ref_value"])

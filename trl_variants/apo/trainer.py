@@ -39,8 +39,10 @@ from .._common import (
 from .._data import run_on_rows
 from .._reference import frozen_copy_of_policy
 from .._validation import (
+    check_model_paths,
     check_presampled_columns,
     check_reward_columns_before_load,
+    check_stored_columns,
     check_train_dataset,
     checked_reward_funcs,
 )
@@ -70,6 +72,8 @@ class APOTrainer(CheckpointStateMixin, ModelCardMixin, FiniteLossMixin, OfflineP
         # were given, so in that case we build the reference ourselves from the given weights.
         own_reference = isinstance(model, PreTrainedModel) and peft_config is None
         check_reward_columns_before_load(reward_funcs, train_dataset, "APOTrainer")
+        check_stored_columns(train_dataset, "APOTrainer", args, ["ref_value"])  # values that cannot be true
+        check_model_paths(model, reward_funcs, "APOTrainer")  # a path that does not exist, a Hub id offline, not cached
         reward_funcs = checked_reward_funcs(reward_funcs)  # a bad reward value is refused naming the function
         beta2 = args.beta
         if own_reference:

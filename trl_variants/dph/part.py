@@ -31,7 +31,7 @@ from .._common import (
 )
 from .._data import is_stream, read_stream, stream_with_columns
 from .._reference import frozen_copy_of_policy
-from .._validation import check_presampled_columns
+from .._validation import check_presampled_columns, check_stored_columns
 from ..generation import pack_prompt_completion
 from ..parts import Part
 from ..presample import PresampleConfig, check_presample_options, presample
@@ -60,6 +60,7 @@ class Rehearsal(Part):
             raise ValueError(f"{trainer_name} needs a train_dataset (prompts, or the output of trl-variants presample)")
         check_presampled_columns(train_dataset, PRESAMPLE_COLUMNS, trainer_name,
                                  f"--num_samples {args.num_presamples} --record_completion_logps true")
+        check_stored_columns(train_dataset, trainer_name, args, ["ref_completion_logps"])  # values that cannot be true
 
     # ---------------------------------------------------------------------- stage 1: the offline pass, split ---
     def setup(self, trainer) -> None:

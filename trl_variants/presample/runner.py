@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from .._validation import (
+    check_model_paths,
     check_reward_column_values,
     check_train_dataset,
     checked_reward_funcs,
@@ -189,6 +190,7 @@ def presample(
     reward_weights = [1.0] * len(reward_funcs) if reward_weights is None else list(reward_weights)
     # --- every check before any expensive work ---
     check_train_dataset(dataset, "presample", split="dataset")  # a prompt column, no empty prompt
+    check_model_paths(model, [], "presample")  # a path that does not exist, a Hub id offline and not cached
     if len(dataset) == 0:
         raise ValueError("the dataset is empty")
     if config.num_samples > 0 and not reward_funcs:
