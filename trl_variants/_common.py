@@ -22,10 +22,78 @@ def resolve_config(model, args, config_cls, suffix: str):
 
 
 # --------------------------------------------------------------------------- the offline pass, as a trainer runs it ---
-def trainer_prompt_ids(trainer, prompts) -> list[list[int]]:
-    """The prompt token ids ``trainer`` trains on: its own tokenization (chat template, ``chat_template_kwargs``,
-    tools), so an offline pass that uses it stores exactly the ids the trainer will see."""
-    return [list(ids) for ids in trainer._tokenize_prompts(list(prompts))[0]]
+def trainer_prompt_ids(trainer, rows) -> list[list[int]]:
+    """The prompt token ids ``trainer`` generates from for each of ``rows``: its own tokenization (chat template,
+    ``chat_template_kwargs``, tools), so an offline pass that uses it stores exactly the ids the trainer will see.
+
+    ``rows``: the dataset's rows (dicts), or only their prompts. With ``environment_factory`` the prompt is the row's
+    prompt with the observation its environment's ``reset(**row)`` returns, rendered with that environment's tools
+    (:func:`environment_prompts`), so the rows are needed."""
+    rows = list(rows)
+    if getattr(trainer, "environment_factories", None) is None:
+        prompts = [row["prompt"] if isinstance(row, dict) else row for row in rows]
+        return [list(ids) for ids in trainer._tokenize_prompts(prompts)[0]]
+    if rows and not isinstance(rows[0], dict):
+        raise TypeError(f"{type(trainer).__name__}: with environment_factory the prompt ids need the dataset's rows "
+                        "(reset(**row) makes each prompt's observation), not only their prompts")
+    # at most one generation batch of a process at a time: the environment pool grows no larger than training's
+    size = max(1, trainer.args.per_device_train_batch_size * trainer.args.steps_per_generation)
+    ids: list[list[int]] = []
+    for start in range(0, len(rows), size):
+        ids += _environment_prompt_ids(trainer, rows[start : start + size])
+    return ids
+
+
+class _PromptsBuilt(Exception):
+    """Raised by the stand-in for ``GRPOTrainer._generate`` in :func:`environment_prompts`, with the prompts."""
+
+
+def environment_prompts(trainer, rows) -> list:
+    """The prompts GRPOTrainer generates from for ``rows`` under ``environment_factory``, built by GRPOTrainer's own
+    batch setup (``_generate_and_score_completions``: each row's environment drawn from the trainer's pool, reset
+    with the row, its observation joined to the prompt's last message), stopped where it would generate: ``_generate``
+    is shadowed, for this call only, by a function that hands back its prompts. Leaves ``_batch_environments`` (the
+    environment of each row, which ``_tokenize_prompts`` renders the tools of) set for these rows."""
+    from trl import GRPOTrainer
+
+    def built(prompts):
+        raise _PromptsBuilt(prompts)
+
+    environments = trainer.environments
+    trainer._generate = built
+    try:
+        GRPOTrainer._generate_and_score_completions(trainer, [dict(row) for row in rows])
+    except _PromptsBuilt as done:
+        return done.args[0]
+    finally:
+        del trainer._generate
+        trainer.environments = environments  # the rollouts' instances are drawn again for each training batch
+    raise RuntimeError("GRPOTrainer._generate_and_score_completions returned without calling _generate: this TRL "
+                       "version builds its prompts elsewhere, and the offline pass cannot know them")
+
+
+def _environment_prompt_ids(trainer, rows) -> list[list[int]]:
+    """The ids of :func:`environment_prompts`, each rendered with its environment's tools. Built twice: the offline
+    pass knows each prompt before training only if ``reset(**row)`` gives the same one for the same row."""
+    first = environment_prompts(trainer, rows)
+    again = environment_prompts(trainer, rows)
+    for a, b in zip(first, again, strict=True):
+        if a != b:
+            raise ValueError(
+                f"{type(trainer).__name__}: with environment_factory, reset() made a different prompt for the same "
+                f"row ({a[-1]['content']!r}, then {b[-1]['content']!r}): the environment makes its tasks during "
+                "training, and this trainer's offline pass needs every prompt before training (ERPO's reference "
+                "log-likelihoods, DPH-RL's and A*-PO's reference samples). Give each task as a train_dataset row "
+                "(reset(**row) returning the same observation for the same row), or train with GRPOTrainer")
+    return [list(ids) for ids in trainer._tokenize_prompts(again)[0]]
+
+
+def offline_rows(trainer, dataset):
+    """What :func:`trainer_prompt_ids` needs of ``dataset``: its rows under ``environment_factory`` (reset reads
+    them), else only its prompts."""
+    if getattr(trainer, "environment_factories", None) is None:
+        return dataset["prompt"]
+    return list(dataset)
 
 
 def check_prompt_ids(trainer, dataset, column: str = "ref_prompt_ids") -> None:
@@ -33,7 +101,7 @@ def check_prompt_ids(trainer, dataset, column: str = "ref_prompt_ids") -> None:
     template, ``chat_template_kwargs`` or tools): its reference quantities would score other prompts."""
     if column not in dataset.column_names:
         return
-    mine = trainer_prompt_ids(trainer, dataset["prompt"])
+    mine = trainer_prompt_ids(trainer, offline_rows(trainer, dataset))
     bad = [i for i, (stored, ids) in enumerate(zip(dataset[column], mine, strict=True)) if list(stored) != ids]
     if bad:
         raise ValueError(
@@ -43,9 +111,33 @@ def check_prompt_ids(trainer, dataset, column: str = "ref_prompt_ids") -> None:
             "let the trainer run the pass")
 
 
+def refuse_offline_sampling(who: str, *, tools, environments: bool) -> None:
+    """Refuse what a pass that samples the reference before training (DPH-RL's split, A*-PO's stage 1) cannot draw as
+    GRPO draws its rollouts: with tools, GRPO's rollouts are multi-turn (a call, the tool's result, the next turn);
+    with ``environment_factory``, every rollout also resets an environment whose state the reward functions read.
+    Such a pass samples one turn from the dataset's prompt, so its samples and rewards would describe other rollouts.
+    ``tools``: the tool functions (names shown), ``environments``: whether an ``environment_factory`` is given."""
+    if environments:
+        raise ValueError(
+            f"{who} cannot use environment_factory: the offline pass cannot run the environments (it samples each "
+            "reference completion in one turn from the dataset's prompt: no reset() per rollout, no tool calls, no "
+            "`environments` for the reward functions), so its samples and rewards would not be the rollouts GRPO "
+            "trains on. Train with GRPOTrainer or ERPOTrainer")
+    if tools:
+        names = [getattr(t, "__name__", type(t).__name__) for t in tools]
+        raise ValueError(
+            f"{who} cannot use tools {names}: the offline pass samples one turn and cannot run tool calls, while "
+            "GRPO's rollouts with tools are multi-turn (the call, the tool's result, the next turn), so the "
+            "reference samples and their rewards would not be the rollouts it trains on. Train without tools, or "
+            "with GRPOTrainer or ERPOTrainer")
+
+
 def sampling_options(trainer) -> dict:
     """The trainer's options that define its sampling distribution, in :class:`PresampleConfig`'s names: a pass
-    that samples the reference must use exactly these, and a presampled dataset must have been made with them."""
+    that samples the reference must use exactly these, and a presampled dataset must have been made with them.
+    Refused when no such pass can draw the trainer's rollouts (tools, environments: :func:`refuse_offline_sampling`)."""
+    refuse_offline_sampling(type(trainer).__name__, tools=trainer.tools,
+                            environments=getattr(trainer, "environment_factories", None) is not None)
     return dict(temperature=trainer.temperature, top_p=trainer.top_p, top_k=trainer.top_k or 0,
                 min_p=trainer.min_p or 0.0, repetition_penalty=trainer.repetition_penalty,
                 max_completion_length=trainer.max_completion_length,

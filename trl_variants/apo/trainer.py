@@ -32,6 +32,7 @@ from .._common import (
     full_parameters,
     offline_reward_funcs,
     params_sharded,
+    refuse_offline_sampling,
     resolve_config,
     sampling_options,
     trainer_prompt_ids,
@@ -66,6 +67,9 @@ class APOTrainer(CheckpointStateMixin, ModelCardMixin, FiniteLossMixin, OfflineP
         if train_dataset is None:
             raise ValueError("APOTrainer needs a train_dataset (prompts, or the output of trl-variants presample)")
         check_train_dataset(train_dataset, "APOTrainer")  # before GRPOTrainer loads the model
+        # stage 1 samples one turn per prompt: no tool calls, no environments (refused again by sampling_options)
+        refuse_offline_sampling("APOTrainer", tools=kwargs.get("tools"),
+                                environments=kwargs.get("environment_factory") is not None)
         check_presampled_columns(train_dataset, ["ref_value"], "APOTrainer",
                                  f"--num_samples {args.num_value_samples} --value_beta {args.value_beta}")
         # GRPOTrainer reloads its reference from the model's name; for an in-memory model that is not the policy we

@@ -29,23 +29,32 @@ def add_reference_prompt_logps(
 ):
     """Return ``dataset`` with ``column`` = ``l_ref(s)`` of every row's ``prompt`` (ERPO's pre-computed Query-KL
     term). Under an ``accelerator`` with several processes each computes a contiguous shard and the results are
-    gathered in the original order."""
+    gathered in the original order. ``tokenize_fn``: a trainer's own tokenization, called with the dataset's rows
+    (dicts): with ``environment_factory`` a prompt is the row's prompt plus the observation ``reset(**row)`` returns
+    (:func:`trl_variants._common.trainer_prompt_ids`)."""
     from accelerate.utils import gather_object
     from tqdm.auto import tqdm
 
-    check_train_dataset(dataset, "ERPO reference pass", split="dataset")
     rank, world = (accelerator.process_index, accelerator.num_processes) if accelerator else (0, 1)
     per = -(-len(dataset) // world)
     mine = list(range(rank * per, min(len(dataset), (rank + 1) * per)))
+    trainer_ids = None
+    if tokenize_fn is not None and "prompt" in dataset.column_names:
+        # the trainer's prompts first: its refusals (an environment making a new prompt at each reset) name the cause
+        trainer_ids = [list(ids) for ids in tokenize_fn(list(dataset.select(mine)))] if mine else []
+    check_train_dataset(dataset, "ERPO reference pass", split="dataset")
     values: list[float] = []
     bar = tqdm(total=len(mine), desc=desc, disable=rank != 0, unit="prompt")
     chunk = max(batch_size, 256)
     for start in range(0, len(mine), chunk):
         idx = mine[start : start + chunk]
-        values += reference_prompt_logps(
-            model, tokenizer, dataset.select(idx)["prompt"], temperature=temperature, batch_size=batch_size,
-            token_logps_fn=token_logps_fn, tokenize_fn=tokenize_fn,
-        )
+        if trainer_ids is None:
+            ids = tokenize_prompts(tokenizer, dataset.select(idx)["prompt"])
+        else:
+            ids = trainer_ids[start : start + chunk]
+        check_prompt_lengths(ids)
+        values += prompt_logps_from_ids(model, ids, tokenizer.pad_token_id, temperature, batch_size,
+                                        token_logps_fn).tolist()
         bar.update(len(idx))
     bar.close()
     if world > 1:
