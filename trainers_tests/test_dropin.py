@@ -48,6 +48,17 @@ EXPECTED: dict[str, dict[str, str]] = {
     "PEFT (LoRA adapter)": {m: WORKS for m in METHODS},
     "Qwen2-style model": {m: WORKS for m in METHODS},
     "Qwen3-MoE-style model (router aux loss)": {m: WORKS for m in METHODS},
+    "tools (a python function the model calls)": {
+        **{m: WORKS for m in METHODS}, "eepo": "does not support tools= (two-stage rollouts are single-turn)",
+        **dict.fromkeys(["dph", "apo"], "the offline pass samples one turn and cannot run tool calls")},
+    "environment_factory (reset() observation, a tool method, rewards read the environments)": {
+        **{m: WORKS for m in METHODS},
+        "eepo": "does not support environment_factory= (two-stage rollouts are single-turn)",
+        **dict.fromkeys(["dph", "apo"], "the offline pass cannot run the environments")},
+    "environment_factory without a train_dataset (reset() makes each task)": {
+        "grpo": WORKS, "erpo": "reset() made a different prompt for the same row",
+        "eepo": "does not support environment_factory= (two-stage rollouts are single-turn)",
+        **dict.fromkeys(["dph", "apo"], "needs a train_dataset")},
 }
 
 # each method's own additions, switched on (ERPO's Query-KL is off by default)
@@ -59,8 +70,11 @@ def _dataset(n=16):
     return load_default_dataset(n_train=n, n_test=8, seed=0)
 
 
-def make(method, tmp_path, *, model=DEFAULT_MODEL_PATH, dataset=None, reward_funcs=None, trainer_kwargs=None,
-         **config):
+DEFAULT_DATASET = object()
+
+
+def make(method, tmp_path, *, model=DEFAULT_MODEL_PATH, dataset=DEFAULT_DATASET, reward_funcs=None,
+         trainer_kwargs=None, **config):
     """A ``method`` trainer (``"grpo"``: TRL's GRPOTrainer) with its additions on, one optimizer step."""
     from trl import GRPOConfig, GRPOTrainer
 
@@ -70,7 +84,7 @@ def make(method, tmp_path, *, model=DEFAULT_MODEL_PATH, dataset=None, reward_fun
         kwargs.setdefault("presample_cache_dir", str(tmp_path / "cache"))
     return trainer_cls(model=model, reward_funcs=reward_funcs if reward_funcs is not None else DENSE,
                        args=small_config(config_cls, tmp_path / method, **kwargs),
-                       train_dataset=dataset if dataset is not None else _dataset()["train"],
+                       train_dataset=_dataset()["train"] if dataset is DEFAULT_DATASET else dataset,
                        **(trainer_kwargs or {}))
 
 
@@ -298,10 +312,150 @@ def architecture(kind):
     return run
 
 
+# ------------------------------------------------------------------------------------ tools, environments ---
+# The tiny default's chat template renders no tool calls, so TRL refuses tools with it. This one is ChatML plus tools,
+# as TRL 1.16 checks a template (supports_tool_calling: the call's name and arguments and the tool's result all
+# rendered; prefix-preserving): a system line naming the tools, a call as <tool_call> JSON </tool_call> (the format of
+# TRL's qwen3 response template, which parses it back), a result as a 'tool' turn.
+TOOL_TEMPLATE = (
+    "{% if tools %}{{ '<|im_start|>system\\ntools:' }}{% for tool in tools %}{{ ' ' + tool.function.name }}{% endfor %}"
+    "{{ '<|im_end|>\\n' }}{% endif %}"
+    "{% for message in messages %}"
+    "{% if message.role == 'tool' %}{{ '<|im_start|>tool\\n' + message.content + '<|im_end|>\\n' }}"
+    "{% else %}{{ '<|im_start|>' + message.role + '\\n' + message.content }}"
+    "{% for call in message.tool_calls or [] %}{{ '<tool_call>\\n' }}"
+    "{{ {'name': call.function.name, 'arguments': call.function.arguments} | tojson }}{{ '\\n</tool_call>' }}"
+    "{% endfor %}{{ '<|im_end|>\\n' }}{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+def tool_tokenizer():
+    from transformers import AutoTokenizer
+    from trl.chat_template_utils import qwen3_template
+
+    tok = AutoTokenizer.from_pretrained(DEFAULT_MODEL_PATH)
+    tok.chat_template = TOOL_TEMPLATE
+    tok.response_template = qwen3_template  # TRL's parser of <tool_call> JSON (it sets one only for known templates)
+    return tok
+
+
+def forced_tool_call(tok, name: str) -> dict:
+    """``generation_kwargs`` under which the first assistant turn calls tool ``name``: a random tiny model never would.
+    ``sequence_bias`` adds 100 to each next token of the call, given the turn's opening after a user message ending in
+    '?' and the call so far; the turn after the tool's result opens after the result, so it is sampled freely (and
+    the group's completions differ there)."""
+    def ids(text):
+        return tok(text, add_special_tokens=False)["input_ids"]
+
+    opening = ids("?<|im_end|>\n<|im_start|>assistant\n")
+    call = ids(f'<tool_call>\n{{"name": "{name}"}}\n</tool_call>') + [tok.eos_token_id]
+    return {"sequence_bias": [[opening + call[: j + 1], 100.0] for j in range(len(call))]}
+
+
+def last_turn_length(completions, **kwargs):
+    """The last message's length / 20: after a tool call, the freely sampled turn that follows the tool's result."""
+    return [len(c[-1]["content"]) / 20 for c in completions]
+
+
+def tool_run(method, tmp_path, *, reward_funcs, dataset=DEFAULT_DATASET, **trainer_kwargs):
+    """One step with the tool template and the call to ``ping`` forced (a function in ``tools=``, or the method of an
+    ``environment_factory``'s environments): the call was parsed and run, and the weights changed. 72 tokens hold
+    the call, the tool's result and a few tokens of the next turn."""
+    tok = tool_tokenizer()
+    trainer = make(method, tmp_path, reward_funcs=reward_funcs, dataset=dataset, per_device_train_batch_size=8,
+                   max_completion_length=72, max_tool_calling_iterations=1,
+                   generation_kwargs=forced_tool_call(tok, "ping"),
+                   trainer_kwargs=dict(processing_class=tok, **trainer_kwargs))
+    batches, generate_and_score = [], trainer._generate_and_score_completions
+
+    def watched(inputs):
+        batches.append(generate_and_score(inputs))
+        return batches[-1]
+
+    trainer._generate_and_score_completions = watched
+    train_changes_model(trainer)
+    logged = trainer.state.log_history[0]
+    assert logged["tools/call_frequency"] > 0
+    assert (batches[0]["tool_mask"] == 0).any()  # the tool's result is in the completion, masked out of the loss
+    if method == "erpo":  # its reference pass scored the prompts GRPO generates from (tools, the env's observation)
+        assert logged["erpo/query_kl"] == 0.0
+    return trainer
+
+
+def ping() -> str:
+    """Ping the checker.
+
+    Returns:
+        The word pong.
+    """
+    PINGS.append(1)
+    return "pong"
+
+
+PINGS: list[int] = []
+
+
+def with_tools(method, tmp_path):
+    PINGS.clear()
+    tool_run(method, tmp_path, reward_funcs=[accuracy_reward, last_turn_length], tools=[ping])
+    assert PINGS  # the call was parsed and the function run
+
+
+class PingEnv:
+    """An environment (TRL's environment_factory): reset(**row) returns an observation, from the row's columns, that
+    TRL appends to the row's prompt; one tool method, ``ping``; state a reward function reads (``environments``, one
+    instance per rollout)."""
+
+    def __init__(self):
+        self.pings = 0
+
+    def reset(self, **row) -> str:
+        self.pings = 0
+        return f" Level {row['level']}: ping first?"
+
+    def ping(self) -> str:
+        """Ping the environment.
+
+        Returns:
+            The word pong.
+        """
+        self.pings += 1
+        return "pong"
+
+
+def environment_reward(completions, environments, **kwargs):
+    """The environment's state (how often its tool ran) plus the free turn's length."""
+    assert len(environments) == len(completions)
+    return [env.pings + len(c[-1]["content"]) / 20 for env, c in zip(environments, completions, strict=True)]
+
+
+def with_environment(method, tmp_path):
+    trainer = tool_run(method, tmp_path, reward_funcs=[accuracy_reward, environment_reward],
+                       environment_factory=PingEnv)
+    assert trainer.state.log_history[0]["rewards/environment_reward/mean"] >= 1  # every rollout pinged its own env
+
+
+class TaskEnv(PingEnv):
+    """An environment that owns the data: each reset() makes the next task (TRL then needs no train_dataset)."""
+
+    made = 0
+
+    def reset(self, **row) -> str:
+        self.pings = 0
+        TaskEnv.made += 1
+        return f"What is {TaskEnv.made % 7} + 2?"
+
+
+def environment_owns_data(method, tmp_path):
+    tool_run(method, tmp_path, reward_funcs=[environment_reward], dataset=None, environment_factory=TaskEnv)
+
+
 BEHAVIOURS = dict(zip(EXPECTED, [eval_dataset, streaming, several_rewards, async_reward, reward_kwargs, reward_model,
                                  generation_kwargs, chat_template_kwargs, iterations, odd_group, mask_truncated,
                                  entropy_masking, loss_types, kl_beta, peft, architecture("qwen2"),
-                                 architecture("qwen3_moe")], strict=True))
+                                 architecture("qwen3_moe"), with_tools, with_environment, environment_owns_data],
+                      strict=True))
 
 
 @pytest.mark.slow
