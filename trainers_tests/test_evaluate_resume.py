@@ -116,3 +116,46 @@ def test_progress_bar_counts_the_read_back_prompts(data, uninterrupted, tmp_path
     err = capsys.readouterr().err
     assert f"evaluate m: 2 of 6 chunks read back from {path}" in err
     assert "8/20" in err and "20/20" in err  # the bar starts at the prompts read back, total: 2 passes x 10
+
+
+LAUNCHER = """
+import sys
+from accelerate import PartialState
+PartialState(cpu=True, backend="gloo")  # a CPU-only machine: gloo, as the trainers' use_cpu + ddp_backend
+from trl_variants.cli import main
+main(sys.argv[1:])
+"""
+
+
+def test_two_processes_share_the_chunks_and_resume_a_one_process_file(tmp_path):
+    """``trl-variants evaluate`` on 2 processes: the same file and numbers as on 1, and a file an interrupted
+    1-process run left is finished by 2 processes with the same result."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from trl_variants import cli
+
+    argv = ["evaluate", "--max_prompts", "10", "--k", "2", "--temperatures", "1.0", "--max_completion_length", "8",
+            "--chunk_size", "4", "--show_progress", "false"]
+    cli.main([*argv, "--output_dir", str(tmp_path / "one")])
+    name = Path(DEFAULT_MODEL_PATH).name
+    one = (tmp_path / "one" / "chunks" / f"{name}.jsonl").read_text()
+    (tmp_path / "two" / "chunks").mkdir(parents=True)
+    (tmp_path / "two" / "chunks" / f"{name}.jsonl").write_text("".join(one.splitlines(keepends=True)[:3]))
+    (tmp_path / "launch.py").write_text(LAUNCHER)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    torchrun = Path(sys.executable).parent / "torchrun"
+    proc = subprocess.run([str(torchrun), "--nproc_per_node", "2", "--master_port", str(port),
+                           str(tmp_path / "launch.py"), *argv, "--output_dir", str(tmp_path / "two")],
+                          env=dict(os.environ, ACCELERATE_USE_CPU="1", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1"),
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "2 of 6 chunks read back" in proc.stderr
+    assert (tmp_path / "two" / "chunks" / f"{name}.jsonl").read_text() == one  # each chunk once, in order
+    results = [json.loads((tmp_path / d / "results.json").read_text()) for d in ("one", "two")]
+    assert results[0] == results[1]

@@ -545,6 +545,11 @@ def evaluate(
         bar.close()
         if generator is not None:
             generator.finish()
+    missing = [(label, c) for label, _, c in units if (label, c) not in records]
+    if missing:  # e.g. N lone processes that were told they are N (no process group to share the results)
+        raise RuntimeError(f"evaluate: no results for chunks {missing[:4]} ({len(missing)} in all) after every "
+                           f"process finished its share ({world} processes): the processes did not exchange their "
+                           "results. Launch with accelerate launch or torchrun on a working process group")
     unrewarded = sum(r.get("unrewarded", 0) for r in records.values())
     if unrewarded and rank == 0:
         warnings.warn(f"evaluate: {unrewarded} completions got no reward (every reward function returned None or "
