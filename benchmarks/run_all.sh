@@ -18,6 +18,7 @@ $PY benchmarks/bench_trainers.py --variants grpo_g2 grpo_g2_paper apo a2po --bat
     --out results/benchmarks/benchmarks_apo32
 $PY benchmarks/bench_fused_head.py --model tiny --out results/benchmarks/bench_fused_head_tiny
 $PY benchmarks/bench_presample.py
+$PY benchmarks/bench_dynamic_sampling.py   # DAPO dynamic sampling vs GRPO: cost per useful group, held-out accuracy
 $PY benchmarks/eepo_eps_study.py
 $PY benchmarks/replicate.py
 # is GRPO's pass@16 shrinking in a longer run (DPH-RL's premise)? GRPO alone, 3x the budget, one seed (~10 minutes)
