@@ -124,3 +124,33 @@ def test_config_refusals():
         ComposedConfig(parts=["erpo_query_kl"], query_kl_coef=0.0, **common)
     with pytest.raises(ValueError, match="entropy_gate='never'"):
         ComposedConfig(parts=["eepo_two_stage_rollout"], entropy_gate="never", **common)
+
+
+def _distinct_accuracy(completions, **kwargs):
+    """Accuracy plus a different 1e-3 step per row: a signal in every group (dynamic sampling keeps them all), and
+    DPH-RL's offline split still finds near-perfect prompts."""
+    return [a + i * 1e-3 for i, a in enumerate(accuracy_reward(completions, **kwargs))]
+
+
+@pytest.mark.parametrize("other", ["erpo_query_weights", "erpo_query_kl", "dph_rehearsal", "eepo_two_stage_rollout"])
+def test_dynamic_sampling_with_another_part_adds_no_term_and_keeps_a_full_batch_as_is(tmp_path, other):
+    """Dynamic sampling has no loss term: with a signal in every group, (part + dynamic sampling) trains the very
+    weights of the part alone (bit for bit) and its own metrics say one round, every group kept."""
+    kw = dict(max_steps=1, entropy_gate="always") if other.startswith("eepo") else dict(max_steps=1)
+    def build(parts):
+        return ComposedTrainer(model=DEFAULT_MODEL_PATH, reward_funcs=_distinct_accuracy,
+                               args=small_config(ComposedConfig, tmp_path / "-".join(parts), parts=parts,
+                                                 presample_cache_dir=str(tmp_path / "cache"),
+                                                 **{**DPH_ARGS, "query_kl_coef": 0.5, **kw}),
+                               train_dataset=train_dataset(16))
+
+    if other == "dph_rehearsal":  # the first construction samples the offline pass (drawing random numbers), later
+        build([other])            # ones read its cache: both compared runs must read it
+    runs = {}
+    for parts in ([other], [other, "dapo_dynamic_sampling"]):
+        runs[len(parts)] = build(parts)
+        runs[len(parts)].train()
+    alone, both = (dict(runs[n].model.named_parameters()) for n in (1, 2))
+    assert all(torch.equal(alone[n], both[n]) for n in alone)
+    logged = {k: v for h in runs[2].state.log_history for k, v in h.items()}
+    assert logged["dynamic_sampling/rounds"] == 1.0 and logged["dynamic_sampling/kept_fraction"] == 1.0
