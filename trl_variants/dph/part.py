@@ -26,6 +26,7 @@ from .._common import (
     check_prompt_ids,
     full_parameters,
     offline_reward_funcs,
+    refuse_offline_sampling,
     sampling_options,
     trainer_prompt_ids,
 )
@@ -58,6 +59,9 @@ class Rehearsal(Part):
     def check(self, trainer_name, args, train_dataset, kwargs) -> None:
         if train_dataset is None:
             raise ValueError(f"{trainer_name} needs a train_dataset (prompts, or the output of trl-variants presample)")
+        # the split samples one turn per prompt: no tool calls, no environments (refused again by sampling_options)
+        refuse_offline_sampling(trainer_name, tools=kwargs.get("tools"),
+                                environments=kwargs.get("environment_factory") is not None)
         check_presampled_columns(train_dataset, PRESAMPLE_COLUMNS, trainer_name,
                                  f"--num_samples {args.num_presamples} --record_completion_logps true")
         check_stored_columns(train_dataset, trainer_name, args, ["ref_completion_logps"])  # values that cannot be true
