@@ -487,7 +487,8 @@ def evaluate(
         raise ValueError("tokenizer is required when model is a model object")
     ensure_pad_token(tokenizer)  # as GRPOTrainer: no pad token (Llama 3, Mistral) pads with EOS
     device = accelerator.device if accelerator is not None else next(model.parameters()).device
-    model = model.to(device)
+    if config.backend == "hf" or generator is not None or config.compute_entropy or reference_model is not None:
+        model = model.to(device)  # with its own vLLM engine and nothing to score, the model stays off the GPU
     if reference_model is not None:
         reference_model = reference_model.to(device)
     name = name or getattr(model.config, "_name_or_path", "model")
