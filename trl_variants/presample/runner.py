@@ -190,7 +190,6 @@ def presample(
     reward_weights = [1.0] * len(reward_funcs) if reward_weights is None else list(reward_weights)
     # --- every check before any expensive work ---
     check_train_dataset(dataset, "presample", split="dataset")  # a prompt column, no empty prompt
-    check_model_paths(model, [], "presample")  # a path that does not exist, a Hub id offline and not cached
     if len(dataset) == 0:
         raise ValueError("the dataset is empty")
     if config.num_samples > 0 and not reward_funcs:
@@ -209,6 +208,8 @@ def presample(
     if clash:
         raise ValueError(f"the dataset already has presample columns {clash}: it was presampled already (pass it "
                          "to the trainer as is), or remove those columns first")
+    # last of the checks (the option checks above name a bad option even with a wrong path), before anything loads
+    check_model_paths(model, [], "presample")  # a path that does not exist, a Hub id offline and not cached
     if isinstance(model, str | os.PathLike):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
