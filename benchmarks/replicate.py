@@ -38,10 +38,12 @@ from pathlib import Path
 
 import torch
 
+from trl_variants.registry import PAPER_METHODS, REGISTRY, method_classes
+
 ROOT = Path(__file__).resolve().parent.parent
 METHODS = ["grpo", "erpo", "eepo", "dph", "apo"]
-PAPER_KEY = {"ERPO": "erpo", "EEPO": "eepo", "DPH-RL": "dph", "A*-PO": "apo"}
-LABELS = {"base": "base", "grpo": "GRPO (TRL)", "erpo": "ERPO", "eepo": "EEPO", "dph": "DPH-RL", "apo": "A*-PO"}
+PAPER_KEY = {REGISTRY[name].label: name for name in PAPER_METHODS}
+LABELS = {"base": "base", **{name: REGISTRY[name].label for name in METHODS}}
 
 
 # ------------------------------------------------------------------------------------------------ statistics ---
@@ -101,33 +103,16 @@ def shared_settings(args, seed: int, out_dir: Path) -> dict:
 
 
 def train(method: str, seed: int, args, out_dir: Path) -> dict:
-    from trl import GRPOConfig, GRPOTrainer
-
-    from trl_variants import (
-        APOConfig,
-        APOTrainer,
-        DPHConfig,
-        DPHTrainer,
-        EEPOConfig,
-        EEPOTrainer,
-        ERPOConfig,
-        ERPOTrainer,
-        accuracy_reward,
-        load_default_dataset,
-    )
+    from trl_variants import accuracy_reward, load_default_dataset
 
     common = shared_settings(args, seed, out_dir)
     data = load_default_dataset(n_train=args.train_prompts, n_test=args.eval_prompts, seed=seed)["train"]
     cache = str(ROOT / "outputs" / "replication-cache")
-    cls, config = {
-        "grpo": (GRPOTrainer, lambda: GRPOConfig(**common)),
-        "erpo": (ERPOTrainer, lambda: ERPOConfig(**common)),
-        "eepo": (EEPOTrainer, lambda: EEPOConfig(**common)),
-        "dph": (DPHTrainer, lambda: DPHConfig(presample_cache_dir=cache, **common)),
-        "apo": (APOTrainer, lambda: APOConfig(presample_cache_dir=cache, **{**common, "num_generations": 1})),
-    }[method]
+    own = {"dph": dict(presample_cache_dir=cache), "apo": dict(presample_cache_dir=cache, num_generations=1)}
+    cls, config_cls = method_classes(method)
     t0 = time.perf_counter()
-    trainer = cls(model=args.base_model, reward_funcs=accuracy_reward, args=config(), train_dataset=data)
+    trainer = cls(model=args.base_model, reward_funcs=accuracy_reward,
+                  args=config_cls(**{**common, **own.get(method, {})}), train_dataset=data)
     setup_s = time.perf_counter() - t0  # the offline pass (A*-PO's V_hat, DPH-RL's split, ERPO's l_ref) is here
     t0 = time.perf_counter()
     trainer.train()

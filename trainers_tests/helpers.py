@@ -6,6 +6,7 @@ import torch
 
 from trl_variants.default import DEFAULT_MODEL_PATH, load_default_dataset
 from trl_variants.generation import tokenize_prompts
+from trl_variants.registry import PAPER_METHODS, method_classes
 
 CPU_ARGS = dict(
     use_cpu=True, bf16=False, report_to="none", save_strategy="no", logging_steps=1, seed=0,
@@ -140,23 +141,7 @@ def hinted_tokenizer():
     return tok
 
 
-def _trainer_classes():
-    from trl_variants import (
-        APOConfig,
-        APOTrainer,
-        DPHConfig,
-        DPHTrainer,
-        EEPOConfig,
-        EEPOTrainer,
-        ERPOConfig,
-        ERPOTrainer,
-    )
-
-    return {"erpo": (ERPOTrainer, ERPOConfig), "eepo": (EEPOTrainer, EEPOConfig), "dph": (DPHTrainer, DPHConfig),
-            "apo": (APOTrainer, APOConfig)}
-
-
-TRAINERS = _trainer_classes()
+TRAINERS = {name: method_classes(name) for name in PAPER_METHODS}
 """Each method's (trainer class, config class), by short name."""
 
 # The smallest settings of each method's own options that still run its offline pass.

@@ -29,8 +29,9 @@ if missing_requirements():
 
 from trl_variants import accuracy_reward  # noqa: E402
 from trl_variants.default import load_default_dataset  # noqa: E402
+from trl_variants.registry import method_classes  # noqa: E402
 
-from .helpers import CPU_ARGS, TRAINERS  # noqa: E402
+from .helpers import CPU_ARGS  # noqa: E402
 
 # (A*-PO warns that its analysis assumes 0/1 rewards: the dense reward here is there for a gradient)
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:A\\*-PO assumes binary rewards")]
@@ -91,9 +92,7 @@ def test_conversion(smollm2):
 
 
 def make(method, model, tmp_path):
-    from trl import GRPOConfig, GRPOTrainer
-
-    trainer_cls, config_cls = (GRPOTrainer, GRPOConfig) if method == "grpo" else TRAINERS[method]
+    trainer_cls, config_cls = method_classes(method)
     kwargs = dict(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, num_generations=2,
                   max_completion_length=16, learning_rate=1e-5, max_steps=1, **CPU_ARGS)
     kwargs.update(METHOD_ARGS[method])

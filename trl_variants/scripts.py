@@ -17,6 +17,7 @@ from trl import DatasetMixtureConfig, ModelConfig, ScriptArguments, TrlParser
 
 from ._validation import check_model_reference, check_no_none, ensure_pad_token
 from .default import DEFAULT_MODEL_PATH, load_default_dataset
+from .registry import REGISTRY, method_classes
 from .rewards import REWARD_FUNCS
 
 EMBEDDED = "embedded"
@@ -535,27 +536,12 @@ RECIPES_DIR = Path(__file__).resolve().parent / "recipes"
 """The shipped YAMLs (package data): ``<method>/<name>.yaml`` training recipes and ``accelerate/<name>.yaml``
 launch configs. A clone's ``configs/`` is a link to this folder."""
 
-METHODS = {
-    "erpo": ("trl_variants", "ERPOTrainer", "ERPOConfig"),
-    "eepo": ("trl_variants", "EEPOTrainer", "EEPOConfig"),
-    "dph": ("trl_variants", "DPHTrainer", "DPHConfig"),
-    "apo": ("trl_variants", "APOTrainer", "APOConfig"),
-    "composed": ("trl_variants", "ComposedTrainer", "ComposedConfig"),  # any subset of the parts (docs/parts.md)
-    "grpo": ("trl", "GRPOTrainer", "GRPOConfig"),  # TRL's own trainer: the baseline, on the same setup
-}
-"""``trl-variants train <method>``: the module, trainer class and config class of each method."""
+METHODS = {name: (m.module, m.trainer, m.config) for name, m in REGISTRY.items()}
+"""``trl-variants train <method>``: the module, trainer class and config class of each method
+(:data:`trl_variants.registry.REGISTRY`)."""
 
 DEFAULT_RECIPE = "tiny_cpu"
 """Each method's default recipe (``<method>/tiny_cpu``): the embedded task on a CPU, offline."""
-
-
-def method_classes(method: str):
-    """``(trainer_cls, config_cls)`` of a method of :data:`METHODS`."""
-    if method not in METHODS:
-        raise ValueError(f"unknown method {method!r}: choose one of {', '.join(METHODS)}")
-    module, trainer, config = METHODS[method]
-    module = importlib.import_module(module)
-    return getattr(module, trainer), getattr(module, config)
 
 
 def default_recipe(method: str) -> Path:

@@ -169,18 +169,16 @@ def _watch_eepo_rollout_models(trainer, observed: dict) -> None:
 def main(name: str, out: str) -> None:
     from accelerate import PartialState
 
-    import trl_variants
     from trainers_tests.helpers import train_dataset
     from trl_variants import accuracy_reward
     from trl_variants.default import DEFAULT_MODEL_PATH
+    from trl_variants.registry import method_classes
 
     torch.set_num_threads(1)
     out = Path(out)
     world = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun and accelerate launch both set it
     _per_row_generate()
-    trainer_cls = {"erpo": trl_variants.ERPOTrainer, "eepo": trl_variants.EEPOTrainer,
-                   "dph": trl_variants.DPHTrainer, "apo": trl_variants.APOTrainer,
-                   "composed": trl_variants.ComposedTrainer, "composed_ds": trl_variants.ComposedTrainer}[name]
+    trainer_cls = method_classes("composed" if name == "composed_ds" else name)[0]
     args = _config(name, world, out)
     process_type = PartialState().distributed_type
     if os.environ.get("ACCELERATE_USE_FSDP") == "true" and "GPU" not in str(process_type):

@@ -14,20 +14,10 @@ import pytest
 import torch
 import transformers.trainer
 from transformers import TrainerState
-from trl import GRPOConfig, GRPOTrainer
 
-from trl_variants import (
-    APOConfig,
-    APOTrainer,
-    DPHConfig,
-    DPHTrainer,
-    EEPOConfig,
-    EEPOTrainer,
-    ERPOConfig,
-    ERPOTrainer,
-    accuracy_reward,
-)
+from trl_variants import EEPOConfig, EEPOTrainer, accuracy_reward
 from trl_variants._checkpoint import TrlVariantsCheckpoint
+from trl_variants.registry import method_classes
 
 from ..helpers import DEFAULT_MODEL_PATH, run_two_ranks, small_config, train_dataset
 
@@ -135,24 +125,16 @@ def test_interrupted_save_leaves_a_resumable_last_checkpoint(tmp_path, monkeypat
 
 # ----------------------------------------------------------------- (d) every trainer's checkpoint, identity ---
 def _trainer(name: str, out: Path, **kw):
-    args = dict(SAVE, output_dir=str(out), max_steps=1, **kw)
-    if name == "erpo":
-        return ERPOTrainer(model=DEFAULT_MODEL_PATH, reward_funcs=accuracy_reward,
-                           args=small_config(ERPOConfig, out, **args), train_dataset=train_dataset())
-    if name == "eepo":
-        return EEPOTrainer(model=DEFAULT_MODEL_PATH, reward_funcs=accuracy_reward,
-                           args=small_config(EEPOConfig, out, **args), train_dataset=train_dataset())
+    args, rows = dict(SAVE, output_dir=str(out), max_steps=1, **kw), 32
     if name == "dph":
         args.update(num_presamples=4, pef_threshold=4, max_completion_length=40, presample_cache_dir=str(out / "c"))
-        return DPHTrainer(model=DEFAULT_MODEL_PATH, reward_funcs=accuracy_reward,
-                          args=small_config(DPHConfig, out, **args), train_dataset=train_dataset(24))
+        rows = 24
     if name == "apo":
         args.update(num_generations=1, num_value_samples=2, presample_cache_dir=str(out / "c"))
-        return APOTrainer(model=DEFAULT_MODEL_PATH, reward_funcs=accuracy_reward,
-                          args=small_config(APOConfig, out, **args), train_dataset=train_dataset(8))
-    assert name == "grpo"
-    return GRPOTrainer(model=DEFAULT_MODEL_PATH, reward_funcs=accuracy_reward,
-                       args=small_config(GRPOConfig, out, **args), train_dataset=train_dataset())
+        rows = 8
+    trainer_cls, config_cls = method_classes(name)
+    return trainer_cls(model=DEFAULT_MODEL_PATH, reward_funcs=accuracy_reward,
+                       args=small_config(config_cls, out, **args), train_dataset=train_dataset(rows))
 
 
 @pytest.fixture(scope="module")
