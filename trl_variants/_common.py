@@ -150,18 +150,18 @@ def params_sharded(trainer) -> bool:
     return trainer.is_fsdp_enabled or (trainer.is_deepspeed_enabled and plugin is not None and plugin.zero_stage == 3)
 
 
-def offline_reward_funcs(trainer, who: str) -> list:
+def callable_reward_funcs(trainer, who: str) -> list:
     """``trainer``'s reward functions as its offline pass calls them: each reward model wrapped with its tokenizer
     (scored as GRPOTrainer scores it). Refused when a reward model is sharded (ZeRO-3, FSDP): every process runs its
     own shards of the pass, so the processes would not run the model's collective forward calls together."""
-    from .presample.reward_calls import offline_reward_funcs as wrap
+    from .presample.reward_calls import wrap_reward_models
 
     has_model = any(isinstance(f, torch.nn.Module) for f in trainer.reward_funcs)
     if has_model and params_sharded(trainer):
         raise ValueError(f"{who}: the offline pass cannot score with a reward model sharded by ZeRO-3 / FSDP. Run it "
                          "first with `trl-variants presample --reward_model_name_or_path ...` (each process loads "
                          "the whole reward model) and train on its output, or use ZeRO-2 / DDP")
-    return wrap(trainer.reward_funcs, trainer.reward_processing_classes, trainer.chat_template_kwargs)
+    return wrap_reward_models(trainer.reward_funcs, trainer.reward_processing_classes, trainer.chat_template_kwargs)
 
 
 def full_parameters(trainer, params=None):

@@ -27,7 +27,7 @@ from .scripts import (
     DataScriptArguments,
     get_reward_funcs,
     load_datasets,
-    offline_reward_funcs,
+    load_reward_funcs,
     uses_embedded,
 )
 
@@ -85,7 +85,7 @@ def presample_main(argv: list[str]) -> None:
                                  tokenizer)
     source = presample_source(script_args)
     state = PartialState()
-    rewards = offline_reward_funcs(script_args, state.device, config.chat_template_kwargs) if config.num_samples else []
+    rewards = load_reward_funcs(script_args, state.device, config.chat_template_kwargs) if config.num_samples else []
     result = presample(model, None, train, rewards, config,
                        accelerator=state)  # the model on this process's device (GPU), shards split if several
     if state.is_main_process:

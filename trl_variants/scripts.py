@@ -203,7 +203,7 @@ def load_reward_model(path: str, chat_template_kwargs: dict | None = None, devic
     return RewardModelReward(model.to(device) if device is not None else model, tokenizer, chat_template_kwargs)
 
 
-def offline_reward_funcs(script_args: TrainScriptArguments, device=None, chat_template_kwargs: dict | None = None):
+def load_reward_funcs(script_args: TrainScriptArguments, device=None, chat_template_kwargs: dict | None = None):
     """The reward model (first, as in TRL's grpo.py) and reward functions of the script arguments, all as callables
     (for ``trl-variants presample`` / ``evaluate``; a trainer loads the model itself from its path)."""
     funcs = []

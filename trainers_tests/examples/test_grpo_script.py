@@ -246,7 +246,7 @@ def test_offline_reward_model_scores_exactly_as_grpo_trainer(reward_model_path, 
     from trl import GRPOConfig, GRPOTrainer
 
     from trl_variants import accuracy_reward
-    from trl_variants._common import offline_reward_funcs
+    from trl_variants._common import callable_reward_funcs
 
     trainer = GRPOTrainer(model=DEFAULT_MODEL_PATH, reward_funcs=[reward_model_path, accuracy_reward],
                           args=small_config(GRPOConfig, tmp_path), train_dataset=train_dataset(8))
@@ -255,7 +255,7 @@ def test_offline_reward_model_scores_exactly_as_grpo_trainer(reward_model_path, 
     completions = [r["completion"] for r in rows[:2]] + [[{"role": "assistant", "content": "\\boxed{-1}"}]]
     ids = [[1, 2, 3]] * 3
     expected = trainer._calculate_rewards(rows, prompts, completions, ids)
-    funcs = offline_reward_funcs(trainer, "test")
+    funcs = callable_reward_funcs(trainer, "test")
     assert funcs[0].__name__ == trainer.reward_func_names[0] == "tiny-rm" and funcs[1] is accuracy_reward
     got = [funcs[0](prompts=prompts, completions=completions), expected[:, 1].tolist()]
     assert torch.equal(torch.tensor(got[0]), expected[:, 0])
@@ -270,16 +270,16 @@ def test_reward_model_is_refused_in_a_sharded_offline_pass(reward_model_path):
 
     from transformers import AutoModelForSequenceClassification
 
-    from trl_variants._common import offline_reward_funcs
+    from trl_variants._common import callable_reward_funcs
 
     model = AutoModelForSequenceClassification.from_pretrained(reward_model_path, num_labels=1)
     fake = SimpleNamespace(reward_funcs=[model], reward_processing_classes=[None],
                            chat_template_kwargs={}, is_fsdp_enabled=True, is_deepspeed_enabled=False,
                            accelerator=SimpleNamespace(state=SimpleNamespace(deepspeed_plugin=None)))
     with pytest.raises(ValueError, match="APOTrainer: the offline pass cannot score with a reward model sharded"):
-        offline_reward_funcs(fake, "APOTrainer")
+        callable_reward_funcs(fake, "APOTrainer")
     fake.is_fsdp_enabled = False  # DDP / one process: wrapped
-    assert offline_reward_funcs(fake, "APOTrainer")[0].model is fake.reward_funcs[0]
+    assert callable_reward_funcs(fake, "APOTrainer")[0].model is fake.reward_funcs[0]
 
 
 def test_reward_model_flag_trains_apo_through_the_example(reward_model_path, tmp_path):

@@ -27,10 +27,10 @@ from .._common import (
     EvalDatasetMixin,
     FiniteLossMixin,
     OfflinePassLogMixin,
+    callable_reward_funcs,
     check_presampled_model,
     check_prompt_ids,
     full_parameters,
-    offline_reward_funcs,
     params_sharded,
     refuse_offline_sampling,
     resolve_config,
@@ -106,7 +106,7 @@ class APOTrainer(CheckpointStateMixin, ModelCardMixin, FiniteLossMixin, OfflineP
             check_presampled_model(self, dataset)  # made by this model (its weights, in any dtype)
             check_prompt_ids(self, dataset)
             return dataset
-        reward_funcs = offline_reward_funcs(self, "APOTrainer")  # reward models scored as GRPOTrainer does
+        reward_funcs = callable_reward_funcs(self, "APOTrainer")  # reward models scored as GRPOTrainer does
         config = PresampleConfig(
             num_samples=args.num_value_samples, value_beta=args.value_beta, **sampling_options(self),
             record_prompt_logp=False, seed=args.seed, cache_dir=args.presample_cache_dir,

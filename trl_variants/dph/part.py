@@ -22,10 +22,10 @@ import torch
 
 from .. import losses
 from .._common import (
+    callable_reward_funcs,
     check_presampled_model,
     check_prompt_ids,
     full_parameters,
-    offline_reward_funcs,
     refuse_offline_sampling,
     sampling_options,
     trainer_prompt_ids,
@@ -122,7 +122,7 @@ class Rehearsal(Part):
         )
 
     def _run_presample(self, trainer, dataset, num_samples: int, seed: int):
-        reward_funcs = offline_reward_funcs(trainer, type(trainer).__name__)  # reward models scored as GRPO does
+        reward_funcs = callable_reward_funcs(trainer, type(trainer).__name__)  # reward models scored as GRPO does
 
         def fused_scorer(ids, mask):
             device = trainer.accelerator.device

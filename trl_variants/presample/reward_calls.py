@@ -69,7 +69,7 @@ class RewardModelReward:
             return self.model(**inputs.to(device)).logits[:, 0].float().tolist()
 
 
-def offline_reward_funcs(reward_funcs, processing_classes, chat_template_kwargs: dict | None = None) -> list:
+def wrap_reward_models(reward_funcs, processing_classes, chat_template_kwargs: dict | None = None) -> list:
     """``reward_funcs`` with every reward model (an ``nn.Module``, as GRPOTrainer holds it) wrapped in
     :class:`RewardModelReward` with its processing class, so the offline pass can call all of them alike."""
     return [RewardModelReward(f, p, chat_template_kwargs) if isinstance(f, torch.nn.Module) else f
