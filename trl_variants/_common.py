@@ -144,6 +144,14 @@ def sampling_options(trainer) -> dict:
                 generation_kwargs=trainer.args.generation_kwargs or None)
 
 
+def is_peft_model(model) -> bool:
+    """Whether ``model`` (unwrapped: a trainer's ``accelerator.unwrap_model(trainer.model)``) is a PEFT model,
+    adapters on a base model: its reference policy is then the base model, the adapters disabled."""
+    from peft import PeftModel
+
+    return isinstance(model, PeftModel)
+
+
 def params_sharded(trainer) -> bool:
     """Whether the trainer's parameters are partitioned over processes once prepared (DeepSpeed ZeRO-3 or FSDP)."""
     plugin = getattr(trainer.accelerator.state, "deepspeed_plugin", None)

@@ -31,6 +31,7 @@ from .._common import (
     check_presampled_model,
     check_prompt_ids,
     full_parameters,
+    is_peft_model,
     params_sharded,
     refuse_offline_sampling,
     resolve_config,
@@ -113,7 +114,8 @@ class APOTrainer(CheckpointStateMixin, ModelCardMixin, FiniteLossMixin, OfflineP
             generation_batch_size=args.presample_generation_batch_size,
         )
         trained = self.state.global_step > 0
-        if trained and (params_sharded(self) or self.ref_model is None and not self._is_peft()):
+        if trained and (params_sharded(self) or self.ref_model is None
+                        and not is_peft_model(self.accelerator.unwrap_model(self.model))):
             raise ValueError("APOTrainer.evaluate: this eval_dataset has no 'ref_value' column and, after training "
                              "started, there is no unsharded reference model to sample it from. Pass the dataset as "
                              "APOTrainer(eval_dataset=...), or presample it (trl-variants presample)")
@@ -149,11 +151,6 @@ class APOTrainer(CheckpointStateMixin, ModelCardMixin, FiniteLossMixin, OfflineP
         return run_on_rows(dataset, lambda rows: self._with_valued_prompts(self._value_pass(rows), "evaluation"),
                            ["ref_value"], "A*-PO's stage 1")[0]
 
-    def _is_peft(self) -> bool:
-        from peft import PeftModel
-
-        return isinstance(self.accelerator.unwrap_model(self.model), PeftModel)
-
     def _with_values(self, dataset):
         args = self.args
         dataset = self._value_pass(dataset)
@@ -173,11 +170,10 @@ class APOTrainer(CheckpointStateMixin, ModelCardMixin, FiniteLossMixin, OfflineP
         """Context in which ``self.model`` computes the reference policy (PEFT: adapter disabled)."""
         from contextlib import nullcontext
 
-        from peft import PeftModel
         from trl.trainer.utils import use_adapter
 
         model = self.accelerator.unwrap_model(self.model)
-        if isinstance(model, PeftModel):
+        if is_peft_model(model):
             return use_adapter(model, adapter_name="ref" if "ref" in model.peft_config else None)
         return nullcontext()
 

@@ -26,6 +26,7 @@ from .._common import (
     check_presampled_model,
     check_prompt_ids,
     full_parameters,
+    is_peft_model,
     refuse_offline_sampling,
     sampling_options,
     trainer_prompt_ids,
@@ -70,9 +71,7 @@ class Rehearsal(Part):
     def setup(self, trainer) -> None:
         args = self.args
         if self.definition:  # App. F needs a live reference: the frozen start (the disabled adapter under PEFT)
-            from peft import PeftModel
-
-            if not isinstance(trainer.accelerator.unwrap_model(trainer.model), PeftModel):
+            if not is_peft_model(trainer.accelerator.unwrap_model(trainer.model)):
                 trainer.ref_model = frozen_copy_of_policy(trainer)
         given = trainer.train_dataset
         # a stream is read once, in full: the split needs every prompt

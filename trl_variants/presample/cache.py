@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from .._common import is_peft_model
 from .config import PresampleConfig
 from .reward_calls import reward_fingerprint, reward_name
 
@@ -43,9 +44,7 @@ def _reference_weights(model):
     """The tensors that define the model's function before training, in definition order. Under PEFT: the base
     model's own weights (the adapters, and the trainable copies of ``modules_to_save``, left out; they start as
     no-ops), so a PEFT trainer compares the base model a presampled dataset was made with."""
-    from peft import PeftModel
-
-    if not isinstance(model, PeftModel):
+    if not is_peft_model(model):
         return [p for _, p in model.named_parameters()]
     adapters = set(model.peft_config)
     return [p for name, p in model.get_base_model().named_parameters() if not adapters & set(name.split("."))]
