@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from trl_variants import EEPOConfig, EEPOTrainer, accuracy_reward
-from trl_variants.losses import vllm_importance_sampling_ratio
+from trl_variants.eepo.losses import vllm_importance_sampling_ratio
 
 from ..helpers import DEFAULT_MODEL_PATH, small_config, train_dataset
 

@@ -27,6 +27,7 @@ from trl.trainer.utils import nanmax, nanmin
 from .. import losses
 from .._common import params_sharded
 from ..parts import Part
+from .losses import vllm_importance_sampling_ratio
 
 
 def _interleave(idx1, idx2, a1, a2, b1, b2):
@@ -192,12 +193,12 @@ class TwoStageRollout(Part):
         TRL computed ``exp(old - sampling)`` with ``old`` under the policy for every row. Stage 1 was sampled by the
         engine holding the policy: TRL's ratio stays. Stage 2 was sampled by the engine holding the unlearned
         weights, so its ratio is recomputed from its old log-probs under those weights (same mode and bounds,
-        ``losses.vllm_importance_sampling_ratio``), and TRL's ``sampling/*`` metrics are recomputed to describe the
+        ``eepo.losses.vllm_importance_sampling_ratio``), and TRL's ``sampling/*`` metrics are recomputed to describe the
         ratios actually applied (same definitions and cross-process aggregation as TRL's)."""
         idx = torch.tensor(stage2, device=output["completion_mask"].device)
         old, sampling, mask = output["old_per_token_logps"], output["sampling_per_token_logps"], output["completion_mask"]
         ratio = output["importance_sampling_ratio"]
-        ratio[idx] = losses.vllm_importance_sampling_ratio(
+        ratio[idx] = vllm_importance_sampling_ratio(
             old[idx], sampling[idx], mask[idx], trainer.vllm_importance_sampling_mode,
             trainer.vllm_importance_sampling_clip_min, trainer.vllm_importance_sampling_clip_max).to(ratio.dtype)
 
