@@ -68,7 +68,8 @@ def test_refills_and_trains_in_every_grpo_family_trainer(tmp_path, method):
     rounds = _logged(trainer, "dynamic_sampling/rounds")
     assert len(rounds) == 1 and rounds[0] > 1  # some groups were constant: the batch was refilled
     assert all(0 < f < 1 for f in _logged(trainer, "dynamic_sampling/kept_fraction"))
-    assert sum(_logged(trainer, "dynamic_sampling/dropped_all_correct")) > 0
+    dropped = [_logged(trainer, f"dynamic_sampling/dropped_all_{kind}")[0] for kind in ("correct", "wrong")]
+    assert sum(dropped) > 0  # (DPH-RL: its all-correct prompts went to D_pef, so D_exp's dropped groups are wrong)
     after = _weights(trainer)
     assert any(not torch.equal(before[n], after[n]) for n in before)
 
