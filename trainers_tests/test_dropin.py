@@ -42,6 +42,9 @@ EXPECTED: dict[str, dict[str, str]] = {
                                         "apo": "every sample's reward is a regression target"},
     "top_entropy_quantile=0.5 (entropy masking)": {**{m: WORKS for m in METHODS},
                                                    "apo": "the regression has no entropy mask"},
+    "entropy bonus (entropy_coef=0.01)": {m: WORKS for m in METHODS},
+    "adaptive entropy bonus (use_adaptive_entropy=True)": {
+        **{m: WORKS for m in METHODS}, "apo": "the optional entropy bonus uses the fixed entropy_coef"},
     "every loss_type x importance_sampling_level": {**{m: WORKS for m in METHODS},
                                                    "apo": "not one of GRPO's surrogate losses"},
     "beta > 0 (KL to the reference)": {m: WORKS for m in METHODS},
@@ -240,6 +243,24 @@ def mask_truncated(method, tmp_path):
 def entropy_masking(method, tmp_path):
     trainer = make(method, tmp_path, top_entropy_quantile=0.5)
     train_changes_model(trainer)
+
+
+def entropy_bonus(method, tmp_path):
+    """The bonus acts: GRPO's loss path logs the coefficient it applied; A*-PO's regression logs its entropy term."""
+    trainer = make(method, tmp_path, entropy_coef=0.01)
+    train_changes_model(trainer)
+    logged = trainer.state.log_history[0]
+    if method == "apo":
+        assert math.isfinite(logged["entropy"])
+    else:
+        assert logged["entropy_coef"] == pytest.approx(0.01) and "policy_loss" in logged
+
+
+def adaptive_entropy_bonus(method, tmp_path):
+    """The controller runs: after the step, the coefficient moved from its start by entropy_coef_delta."""
+    trainer = make(method, tmp_path, use_adaptive_entropy=True, entropy_coef=0.01, entropy_coef_delta=0.005)
+    train_changes_model(trainer)
+    assert trainer.state.log_history[0]["entropy_coef"] in (pytest.approx(0.015), pytest.approx(0.005))
 
 
 LOSS_TYPES = ["grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo"]
@@ -453,7 +474,7 @@ def environment_owns_data(method, tmp_path):
 
 BEHAVIOURS = dict(zip(EXPECTED, [eval_dataset, streaming, several_rewards, async_reward, reward_kwargs, reward_model,
                                  generation_kwargs, chat_template_kwargs, iterations, odd_group, mask_truncated,
-                                 entropy_masking, loss_types, kl_beta, peft, architecture("qwen2"),
+                                 entropy_masking, entropy_bonus, adaptive_entropy_bonus, loss_types, kl_beta, peft, architecture("qwen2"),
                                  architecture("qwen3_moe"), with_tools, with_environment, environment_owns_data],
                       strict=True))
 
