@@ -75,6 +75,26 @@ class APOConfig(GRPOConfig):
         presample_generation_batch_size (`int`, defaults to `64`): sequences per ``generate`` call in stage 1. Part
             of the pass's fixed layout (and cache key): never derived from the per-device batch, so the reference
             samples are the same with 1 or N processes.
+        presample_shard_size (`int`, defaults to `64`): prompts per shard of stage 1 (its unit of caching, resume and
+            work sharing, and of the lazy pass below). Part of the fixed layout and cache key: a shard's prompts are
+            sampled together from one seed, so another size gives other (equally valid) reference samples.
+        lazy_value_pass (`bool`, defaults to `False`): the lazy stage 1. Nothing is sampled in ``__init__``; during
+            training, before a generation batch uses a prompt whose value is not known, every process computes
+            together the stage-1 shards holding that prompt and the next ``lazy_value_chunk_size`` prompts in the
+            order the (seeded) train sampler will ask for them. A short run pays only for the shards it reaches.
+            Each shard is the full pass's own computation (same seed, batches and cache entry), so the values are
+            exactly the full pass's, 1 or N processes, and a restarted run or a later full pass reuses the cached
+            shards. With a shuffled dataset a run reaches prompts all over it: a small ``presample_shard_size``
+            (1 for exactly the prompts reached) makes the pass follow the run closely. Off by default. Refused
+            where it is not safe: with ``filter_all_incorrect`` (dropping prompts needs every value before the
+            sampler is built), with ``use_vllm`` (after the first update the engine holds the policy, not the
+            reference), with a streaming dataset (no sampler order) and with ZeRO-3 / FSDP (no unsharded
+            reference to sample mid-training). A prompt without a value estimate (no reference sample got a
+            reward) stops training with an error: the full pass leaves such prompts out before training. Only
+            A*-PO has this option: DPH-RL's split and ERPO's dataset-mean query weights need every prompt before
+            training.
+        lazy_value_chunk_size (`int`, defaults to `64`): prompts (in sampler order) the lazy pass values ahead of
+            need each time it runs.
     """
 
     num_generations: int | None = field(default=1, metadata={"help": "Completions per prompt in stage 2 (A*-PO: 1)."})
@@ -88,6 +108,13 @@ class APOConfig(GRPOConfig):
     presample_cache_dir: str | None = field(default=None, metadata={"help": "Cache directory of the offline pass."})
     presample_generation_batch_size: int = field(
         default=64, metadata={"help": "Sequences per generate call in stage 1 (fixed layout)."})
+    presample_shard_size: int = field(
+        default=64, metadata={"help": "Prompts per stage-1 shard (cache, resume and lazy unit; fixed layout)."})
+    lazy_value_pass: bool = field(
+        default=False, metadata={"help": "Lazy stage 1: value only the prompts the run reaches, in sampler order, "
+                                         "ahead of need (same values as the full pass)."})
+    lazy_value_chunk_size: int = field(
+        default=64, metadata={"help": "Prompts the lazy stage 1 values ahead of need each time it runs."})
 
     def __post_init__(self):
         check_common(self)  # options TRL accepts but that fail after the model load
@@ -101,6 +128,17 @@ class APOConfig(GRPOConfig):
             raise ValueError(f"value_beta (beta1) must be > 0, got {self.value_beta}")
         if self.presample_generation_batch_size < 1:
             raise ValueError(f"presample_generation_batch_size must be >= 1, got {self.presample_generation_batch_size}")
+        if self.presample_shard_size < 1:
+            raise ValueError(f"presample_shard_size must be >= 1, got {self.presample_shard_size}")
+        if self.lazy_value_chunk_size < 1:
+            raise ValueError(f"lazy_value_chunk_size must be >= 1, got {self.lazy_value_chunk_size}")
+        if self.lazy_value_pass and self.filter_all_incorrect:
+            raise ValueError("lazy_value_pass with filter_all_incorrect: dropping the all-wrong prompts changes the "
+                             "dataset the sampler orders, so it needs every value before training. Use one of them")
+        if self.lazy_value_pass and self.use_vllm:
+            raise ValueError("lazy_value_pass with use_vllm: after the first update the vLLM engine holds the policy, "
+                             "not the reference, so later stage-1 chunks could not sample as the full pass does. Set "
+                             "lazy_value_pass=False (the full pass samples with the engine before training)")
         if not self.beta > 0:
             raise ValueError(f"beta (A*-PO's beta2) must be > 0, got {self.beta}")
         single = self.num_generations == 1

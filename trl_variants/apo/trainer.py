@@ -3,7 +3,8 @@
 
 1. Stage 1 (once, cached, before training): N reference samples per prompt, their rewards and
    ``V_hat(x) = beta1 log mean exp(r / beta1)`` (``trl_variants.presample``). A dataset made by ``trl-variants
-   presample`` (with ``ref_value``) is used as is.
+   presample`` (with ``ref_value``) is used as is. With ``lazy_value_pass`` the same shards are computed during
+   training, only those the run reaches, in the sampler's order, ahead of need (:class:`LazyValues`).
 2. Stage 2, each step: one completion per prompt from the current policy (GRPO's generation and reward functions),
    target ``r - V_hat(x)``, loss ``mean (beta2 * sum_t [log pi - log pi_ref] - (r - V_hat))^2``.
 The reference is the frozen starting policy: loaded from the model's path, the disabled adapter with PEFT, or a copy
@@ -13,8 +14,11 @@ of the weights you passed when the model is an in-memory object.
 from __future__ import annotations
 
 import math
+import random
+import time
 import warnings
 
+import numpy as np
 import torch
 from transformers import PreTrainedModel
 from trl import GRPOTrainer
@@ -38,7 +42,7 @@ from .._common import (
     sampling_options,
     trainer_prompt_ids,
 )
-from .._data import run_on_rows
+from .._data import is_stream, run_on_rows
 from .._reference import frozen_copy_of_policy
 from .._validation import (
     check_model_paths,
@@ -50,8 +54,59 @@ from .._validation import (
 )
 from ..presample import PresampleConfig, check_presample_options, presample, summarize
 from ..presample.metadata import is_correct
+from ..presample.runner import shard_rows
 from ..presample.vllm_backend import trainer_generator
 from .config import APOConfig
+
+LAZY_ROW = "apo_lazy_row"
+"""Column the lazy stage 1 adds to the training rows: the row's index in the dataset, to find its value."""
+
+
+class LazyValues:
+    """State of the lazy stage 1: the dataset the pass runs on (the user's rows: the cache key is of them), the rows
+    in the order the train sampler will ask for them, the values known so far (whole shards) and what was done."""
+
+    def __init__(self, dataset, order: list[int], shard_size: int, chunk_size: int):
+        self.dataset, self.order, self.shard_size, self.chunk_size = dataset, order, shard_size, chunk_size
+        self.position = {r: i for i, r in enumerate(order)}
+        self.values: dict[int, float] = {}
+        self.rewards: dict[int, list[float]] = {}
+        self.done: list[int] = []  # shards, in the order they were computed
+        self.steps: list[int] = []  # global step at which each chunk ran
+        self.seconds = 0.0
+
+    def plan(self, needed) -> list[int]:
+        """The shards to compute so that every row in ``needed`` has a value: theirs, then those of the next
+        ``chunk_size`` rows in sampler order from the first missing one (ahead of need), in order of first need."""
+        missing = sorted({r for r in needed if r not in self.values}, key=lambda r: (self.position.get(r, math.inf), r))
+        if not missing:
+            return []
+        start = min(self.position.get(r, len(self.order)) for r in missing)
+        ahead = [r for r in self.order[start:] if r not in self.values][: self.chunk_size]
+        shards = []
+        for r in missing + ahead:
+            s = r // self.shard_size
+            if s not in shards:
+                shards.append(s)
+        return shards
+
+    def add(self, shards, chunk, step: int, seconds: float) -> None:
+        rows = [r for s in sorted(shards) for r in shard_rows(s, self.shard_size, len(self.dataset))]
+        for r, v, rs in zip(rows, chunk["ref_value"], chunk["ref_rewards"], strict=True):
+            self.values[r], self.rewards[r] = v, rs
+        self.done += list(shards)
+        self.steps.append(step)
+        self.seconds += seconds
+
+    def metrics(self, threshold: float) -> dict:
+        from datasets import Dataset
+
+        rows = sorted(self.values)
+        valued = Dataset.from_dict({"ref_rewards": [self.rewards[r] for r in rows],
+                                    "ref_value": [self.values[r] for r in rows]})
+        return {**summarize(valued, threshold), "seconds": self.seconds, "lazy_chunks": len(self.steps),
+                "lazy_shards": len(self.done), "lazy_prompts": len(rows),
+                "lazy_fraction": len(rows) / len(self.dataset)}
 
 
 class APOTrainer(CheckpointStateMixin, ModelCardMixin, FiniteLossMixin, OfflinePassLogMixin, EvalDatasetMixin,
@@ -91,13 +146,18 @@ class APOTrainer(CheckpointStateMixin, ModelCardMixin, FiniteLossMixin, OfflineP
         if own_reference:
             self.beta = beta2
             self.ref_model = frozen_copy_of_policy(self)
+        self._lazy = None
         with self.offline_pass():  # a stream is read once, in full, then streams with its values looked up
-            self.train_dataset = run_on_rows(train_dataset, self._with_values, ["ref_value"], "A*-PO's stage 1")[0]
+            if args.lazy_value_pass and "ref_value" not in (train_dataset.column_names or []):
+                self.train_dataset = self._lazy_setup(train_dataset)
+            else:
+                self.train_dataset = run_on_rows(train_dataset, self._with_values, ["ref_value"],
+                                                 "A*-PO's stage 1")[0]
             self.prepare_eval_datasets()
         self._warned_non_binary = False
 
     # ---------------------------------------------------------------------------------- stage 1 (offline) ---
-    def _value_pass(self, dataset):
+    def _value_pass(self, dataset, shards=None):
         """``dataset`` with stage 1's columns (``ref_value`` among them): checked when present, else sampled from the
         reference policy (the model as given before the first update; afterwards the frozen reference)."""
         args = self.args
@@ -111,7 +171,7 @@ class APOTrainer(CheckpointStateMixin, ModelCardMixin, FiniteLossMixin, OfflineP
         config = PresampleConfig(
             num_samples=args.num_value_samples, value_beta=args.value_beta, **sampling_options(self),
             record_prompt_logp=False, seed=args.seed, cache_dir=args.presample_cache_dir,
-            generation_batch_size=args.presample_generation_batch_size,
+            generation_batch_size=args.presample_generation_batch_size, shard_size=args.presample_shard_size,
         )
         trained = self.state.global_step > 0
         if trained and (params_sharded(self) or self.ref_model is None
@@ -130,7 +190,7 @@ class APOTrainer(CheckpointStateMixin, ModelCardMixin, FiniteLossMixin, OfflineP
                                  reward_weights=self.reward_weights.tolist(), accelerator=self.accelerator,
                                  tokenize_fn=lambda prompts: trainer_prompt_ids(self, prompts),
                                  generator=None if trained else trainer_generator(self),
-                                 trainer_state=self.state)
+                                 trainer_state=self.state, shards=shards)
         finally:
             model.train(was_training)
 
@@ -166,6 +226,76 @@ class APOTrainer(CheckpointStateMixin, ModelCardMixin, FiniteLossMixin, OfflineP
         self.defer_log({"num_prompts_kept": len(dataset)})
         return dataset
 
+    # ------------------------------------------------------------------------------ lazy stage 1 (option) ---
+    def _lazy_setup(self, dataset):
+        """``lazy_value_pass``: nothing sampled now; the training rows gain their index (:data:`LAZY_ROW`) and the
+        order in which the sampler will ask for them is worked out (the sampler is seeded)."""
+        if is_stream(dataset):
+            raise ValueError("lazy_value_pass needs a map-style train_dataset (a streaming dataset has no sampler "
+                             "order to follow). Set lazy_value_pass=False")
+        if params_sharded(self):
+            raise ValueError("lazy_value_pass with ZeRO-3 / FSDP: the lazy pass samples the reference during "
+                             "training, which needs unsharded weights. Set lazy_value_pass=False")
+        if LAZY_ROW in dataset.column_names:
+            raise ValueError(f"the train_dataset has a column {LAZY_ROW!r}, which lazy_value_pass adds: rename it")
+        rows = dataset.add_column(LAZY_ROW, list(range(len(dataset))))
+        args = self.args
+        self._lazy = LazyValues(dataset, self._sampler_order(rows), args.presample_shard_size,
+                                args.lazy_value_chunk_size)
+        self.defer_log({"lazy_prompts": 0, "lazy_fraction": 0.0})
+        return rows
+
+    def _sampler_order(self, dataset) -> list[int]:
+        """The dataset rows the run will reach, in the order the train sampler yields them: GRPOTrainer's seeded
+        ``RepeatSampler`` (epochs are further passes of the same sampler object, as the Trainer iterates it),
+        over the indices ``max_steps`` (else ``num_train_epochs``) optimizer steps consume, all processes together.
+        Only the look-ahead depends on it: a row asked for out of this order is valued when asked for."""
+        args, world = self.args, self.accelerator.num_processes
+        sampler = self._get_train_sampler(dataset)
+        per_epoch = len(sampler)
+        if args.max_steps > 0:  # each micro-step takes a batch of per_device * steps_per_generation per process
+            needed = args.max_steps * args.gradient_accumulation_steps * world * self._train_batch_size \
+                * args.steps_per_generation
+        else:
+            needed = math.ceil(args.num_train_epochs * per_epoch)
+        stream, seen = [], set()
+        while len(stream) < needed and len(seen) < len(dataset) and per_epoch:
+            epoch = list(sampler)
+            stream += epoch
+            seen.update(epoch)
+        return list(dict.fromkeys(stream[:needed]))
+
+    def _lazy_values(self, inputs):
+        """``inputs`` (this process's rows of a generation batch) with their ``ref_value``; computes, on every
+        process together, the shards the generation batch of ALL processes needs and the look-ahead."""
+        from accelerate.utils import gather_object
+
+        lazy = self._lazy
+        rows = [x[LAZY_ROW] for x in inputs]
+        every = gather_object(rows) if self.accelerator.num_processes > 1 else rows
+        shards = lazy.plan(every)
+        if shards:
+            start = time.perf_counter()
+            py_state, np_state = random.getstate(), np.random.get_state()
+            devices = [self.accelerator.device] if self.accelerator.device.type == "cuda" else []
+            report_to, self.args.report_to = self.args.report_to, []  # see OfflinePassLogMixin
+            try:  # the pass seeds torch per shard: training's own random numbers must not depend on when it ran
+                with torch.random.fork_rng(devices=devices):
+                    chunk = self._value_pass(lazy.dataset, shards=shards)
+            finally:
+                self.args.report_to = report_to
+                random.setstate(py_state)
+                np.random.set_state(np_state)
+            lazy.add(shards, chunk, self.state.global_step, time.perf_counter() - start)
+            self.defer_log(lazy.metrics(self.args.correctness_threshold))
+        no_value = sorted({r for r in every if not math.isfinite(lazy.values[r])})
+        if no_value:  # the same on every process: all stop together
+            raise ValueError(f"A*-PO's lazy stage 1: {len(no_value)} prompts have no value estimate (none of their "
+                             f"{self.args.num_value_samples} reference samples got a reward, e.g. row {no_value[0]}). "
+                             "The full pass leaves such prompts out before training: set lazy_value_pass=False, or "
+                             "remove them from the dataset")
+        return [{**x, "ref_value": lazy.values[x[LAZY_ROW]]} for x in inputs]
+
     def _reference_weights(self):
         """Context in which ``self.model`` computes the reference policy (PEFT: adapter disabled)."""
         from contextlib import nullcontext
@@ -183,6 +313,8 @@ class APOTrainer(CheckpointStateMixin, ModelCardMixin, FiniteLossMixin, OfflineP
         return self._rewards_per_func
 
     def _generate_and_score_completions(self, inputs):
+        if self._lazy is not None and inputs and LAZY_ROW in inputs[0]:
+            inputs = self._lazy_values(inputs)
         output = super()._generate_and_score_completions(inputs)
         device = self.accelerator.device
         rewards = (self._rewards_per_func * self.reward_weights.to(device).unsqueeze(0)).nansum(dim=1)

@@ -144,6 +144,15 @@ def _record_throughput(dataset, backend: str, tokens: int, seconds: float) -> di
     return record
 
 
+def shard_rows(shard: int, shard_size: int, num_rows: int) -> range:
+    """The dataset rows of one shard of the pass."""
+    return range(shard * shard_size, min(num_rows, (shard + 1) * shard_size))
+
+
+def _shard_rows(shards, config: PresampleConfig, num_rows: int) -> list[int]:
+    return [r for s in sorted(shards) for r in shard_rows(s, config.shard_size, num_rows)]
+
+
 def presample(
     model,
     tokenizer,
@@ -157,6 +166,7 @@ def presample(
     tokenize_fn=None,
     generator=None,
     trainer_state=None,
+    shards: Sequence[int] | None = None,
 ):
     """Run the offline reference pass and return ``dataset`` with the :data:`COLUMNS` it records.
 
@@ -180,6 +190,12 @@ def presample(
             passes its own engine (:func:`~trl_variants.presample.vllm_backend.trainer_generator`). Everything else
             (prompt ids, shards, cache, resume, rewards, reference log-probs by the transformers model) is the same.
         trainer_state: given to the reward functions as ``trainer_state`` (a trainer passes its ``state``).
+        shards: only these shards of the pass over the whole ``dataset`` (shard ``s`` holds rows
+            ``s * shard_size`` to ``(s + 1) * shard_size - 1``; processed in the order given, shared round robin between
+            processes): the rows of these shards are returned, in dataset order, with the columns. Each shard is the
+            very computation the full pass makes (same seed, same batches, same cache key and shard file), so its values
+            are the full pass's, and shards of either are reused by the other. A partial pass does not store the final
+            dataset. Used by A*-PO's lazy stage 1 (``APOConfig.lazy_value_pass``).
     """
     from accelerate.utils import gather_object
     from tqdm.auto import tqdm
@@ -246,13 +262,16 @@ def presample(
         try:
             cached_ds = load_from_disk(str(final))
             cached_ds.data.validate()  # load_from_disk reads every record batch's header: a truncated file fails here
-            return cached_ds
+            return cached_ds if shards is None else cached_ds.select(_shard_rows(shards, config, len(dataset)))
         except Exception as e:  # a truncated / corrupted arrow file: recompute it (the shards may still serve)
             warnings.warn(f"presample: the cached dataset {final} is damaged ({type(e).__name__}: {e}); recomputing "
                           "it; the cache entry is overwritten", stacklevel=2)
 
     n_shards = math.ceil(len(dataset) / config.shard_size)
-    mine = list(range(rank, n_shards, world))  # round robin: every process gets shards from start to end
+    wanted = list(range(n_shards)) if shards is None else list(shards)
+    if not wanted or len(set(wanted)) != len(wanted) or any(not 0 <= s < n_shards for s in wanted):
+        raise ValueError(f"shards must be distinct shard indices in [0, {n_shards}), got {wanted}")
+    mine = wanted[rank::world]  # round robin: every process gets shards from start to end
 
     def shard_range(s):
         return range(s * config.shard_size, min(len(dataset), (s + 1) * config.shard_size))
@@ -313,10 +332,11 @@ def presample(
                       stacklevel=2)
     results.sort(key=lambda r: r[0])
     new_rows = [row for _, rows in results for row in rows]
-    if len(new_rows) != len(dataset) or [s for s, _ in results] != list(range(n_shards)):
-        raise RuntimeError(f"presample merged {len(new_rows)} rows from shards {[s for s, _ in results]} for a "
-                           f"dataset of {len(dataset)} rows: shards are missing or duplicated")
-    out_ds = dataset
+    partial = sorted(wanted) != list(range(n_shards))
+    out_ds = dataset.select(_shard_rows(wanted, config, len(dataset))) if partial else dataset
+    if len(new_rows) != len(out_ds) or [s for s, _ in results] != sorted(wanted):
+        raise RuntimeError(f"presample merged {len(new_rows)} rows from shards {[s for s, _ in results]} for "
+                           f"{len(out_ds)} rows: shards are missing or duplicated")
     for col in new_rows[0]:
         out_ds = out_ds.add_column(col, [r[col] for r in new_rows])
     out_ds = with_metadata(out_ds, config, key, [reward_name(f) for f in reward_funcs], model=model)
@@ -330,7 +350,7 @@ def presample(
     summary = summarize(out_ds)
     if rank == 0 and config.show_progress and summary:
         print("presample summary: " + ", ".join(f"{k} {v:.4g}" for k, v in summary.items()))
-    if config.use_cache and not rescore and rank == 0:
+    if config.use_cache and not rescore and rank == 0 and not partial:
         tmp = run_dir / f".dataset-tmp-{os.getpid()}"
         out_ds.save_to_disk(str(tmp))
         if final.exists():

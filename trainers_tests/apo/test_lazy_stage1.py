@@ -1,0 +1,135 @@
+"""A*-PO's lazy stage 1 (``APOConfig.lazy_value_pass``): only the shards the run reaches, in sampler order, ahead of
+need, with exactly the full pass's values; cached and resumable; refused where it is not safe. (2 processes == 1:
+``trainers_tests/distributed/test_equivalence.py``, case ``apo_lazy``.)"""
+
+import math
+
+import pytest
+from datasets import IterableDataset
+
+from trl_variants import APOConfig, APOTrainer, accuracy_reward
+from trl_variants.apo.trainer import LAZY_ROW
+from trl_variants.presample import PresampleConfig, presample
+from trl_variants.presample import runner as ps
+
+from ..helpers import DEFAULT_MODEL_PATH, small_config, train_dataset
+
+ROWS, SHARD = 32, 4
+
+
+def _apo(tmp_path, cache, lazy, dataset=None, **kw):
+    kw = dict(dict(num_value_samples=4, presample_cache_dir=str(cache), num_generations=1,
+                   per_device_train_batch_size=4, presample_shard_size=SHARD, lazy_value_chunk_size=4,
+                   lazy_value_pass=lazy), **kw)
+    return APOTrainer(model=DEFAULT_MODEL_PATH, reward_funcs=accuracy_reward,
+                      args=small_config(APOConfig, tmp_path / ("lazy" if lazy else "full"), **kw),
+                      train_dataset=dataset if dataset is not None else train_dataset(ROWS))
+
+
+def _count_shards(monkeypatch):
+    calls = []
+    process = ps._process_shard
+
+    def counted(rows, prompt_ids, row_indices, shard_index, *a, **k):
+        calls.append(shard_index)
+        return process(rows, prompt_ids, row_indices, shard_index, *a, **k)
+
+    monkeypatch.setattr(ps, "_process_shard", counted)
+    return calls
+
+
+def test_lazy_values_equal_full_pass_exactly(tmp_path, monkeypatch):
+    """Two training runs, one with the full pass (in __init__), one lazy (separate caches: both really sample). On
+    every prompt the lazy run valued, V_hat and the N rewards are exactly the full pass's (==, not approx), also for
+    the chunks computed after the first update (sampled from the frozen reference); the lazy run valued fewer prompts
+    than the dataset has, and trained exactly as the full-pass run (the pass does not touch training's RNG)."""
+    full = _apo(tmp_path, tmp_path / "cache_full", lazy=False)
+    assert len(full.train_dataset) == ROWS and "ref_value" in full.train_dataset.column_names
+    calls = _count_shards(monkeypatch)
+    lazy = _apo(tmp_path, tmp_path / "cache_lazy", lazy=True)
+    assert calls == [] and "ref_value" not in lazy.train_dataset.column_names  # nothing sampled at construction
+    reached = []
+    values_of = lazy._lazy_values
+
+    def watched(inputs):
+        reached.extend(x[LAZY_ROW] for x in inputs)
+        return values_of(inputs)
+
+    lazy._lazy_values = watched
+    full.train()
+    lazy.train()
+    state = lazy._lazy
+    assert set(reached) == set(state.order)  # the predicted sampler order is the order the run asked for
+    assert set(reached) <= set(state.values) and 0 < len(state.values) < ROWS
+    assert sorted(calls) == sorted(state.done)  # exactly the shards it planned, each once
+    assert len(state.steps) >= 2 and state.steps[0] == 0 and max(state.steps) > 0  # a chunk after an update
+    for r, value in state.values.items():
+        assert value == full.train_dataset[r]["ref_value"], r
+        assert state.rewards[r] == full.train_dataset[r]["ref_rewards"], r
+    for key in ("loss", "apo/value_mean", "apo/regression_loss", "reward"):
+        got = [h[key] for h in lazy.state.log_history if key in h]
+        assert got and got == [h[key] for h in full.state.log_history if key in h], key
+    logged = {k: v for h in lazy.state.log_history for k, v in h.items() if k.startswith("offline_pass/lazy")}
+    assert logged["offline_pass/lazy_prompts"] == len(state.values)
+    assert logged["offline_pass/lazy_chunks"] == len(state.steps)
+    assert logged["offline_pass/lazy_fraction"] == len(state.values) / ROWS
+
+
+def test_lazy_chunks_are_full_pass_shards_and_resume(tmp_path, monkeypatch):
+    """A restarted lazy run reuses the finished shards (nothing sampled again); a full pass on the same cache samples
+    only the shards the lazy runs did not: the entries are shared because they hold the same values."""
+    calls = _count_shards(monkeypatch)
+    first = _apo(tmp_path, tmp_path / "cache", lazy=True, max_steps=1)
+    first.train()
+    done = list(first._lazy.done)
+    assert sorted(calls) == sorted(done) and done
+    calls.clear()
+    again = _apo(tmp_path, tmp_path / "cache", lazy=True, max_steps=1)
+    again.train()
+    assert calls == [] and again._lazy.values == first._lazy.values
+    full = _apo(tmp_path, tmp_path / "cache", lazy=False)
+    assert sorted(calls) == sorted(set(range(ROWS // SHARD)) - set(done))
+    assert all(full.train_dataset[r]["ref_value"] == v for r, v in first._lazy.values.items())
+
+
+def test_presample_shards_are_the_full_pass_rows(tmp_path):
+    """presample(shards=...) returns the rows of those shards with exactly the values of the whole pass."""
+    config = PresampleConfig(num_samples=2, max_completion_length=16, shard_size=3, value_beta=0.5,
+                             record_prompt_logp=False, cache_dir=str(tmp_path / "a"), show_progress=False)
+    data = train_dataset(10)
+    whole = presample(DEFAULT_MODEL_PATH, None, data, accuracy_reward, config)
+    config.cache_dir = str(tmp_path / "b")
+    part = presample(DEFAULT_MODEL_PATH, None, data, accuracy_reward, config, shards=[3, 1])
+    assert part["prompt"] == [data[r]["prompt"] for r in (3, 4, 5, 9)]
+    for i, r in enumerate((3, 4, 5, 9)):
+        assert part[i]["ref_value"] == whole[r]["ref_value"] and part[i]["ref_completion_ids"] == \
+            whole[r]["ref_completion_ids"]
+    with pytest.raises(ValueError, match="shards must be distinct"):
+        presample(DEFAULT_MODEL_PATH, None, data, accuracy_reward, config, shards=[4])
+
+
+def test_lazy_refused_where_unsafe(tmp_path):
+    common = dict(output_dir=str(tmp_path), use_cpu=True, bf16=False, lazy_value_pass=True)
+    with pytest.raises(ValueError, match="filter_all_incorrect"):
+        APOConfig(filter_all_incorrect=True, **common)
+    with pytest.raises(ValueError, match="use_vllm"):
+        APOConfig(use_vllm=True, **common)
+    rows = list(train_dataset(8))
+    stream = IterableDataset.from_generator(lambda: iter(rows))
+    with pytest.raises(ValueError, match="map-style"):
+        _apo(tmp_path, tmp_path / "cache", lazy=True, dataset=stream)
+    assert not APOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False).lazy_value_pass  # off by default
+
+
+def test_lazy_prompt_without_value_stops(tmp_path):
+    def no_reward(completions, **kwargs):
+        return [None] * len(completions)
+
+    trainer = APOTrainer(model=DEFAULT_MODEL_PATH, reward_funcs=[no_reward],
+                         args=small_config(APOConfig, tmp_path / "x", num_generations=1, num_value_samples=2,
+                                           per_device_train_batch_size=4, presample_shard_size=SHARD,
+                                           lazy_value_pass=True, presample_cache_dir=str(tmp_path / "c")),
+                         train_dataset=train_dataset(8))
+    with pytest.warns(UserWarning), pytest.raises(ValueError, match="no value estimate"):
+        trainer.train()
+    assert all(math.isnan(v) for v in trainer._lazy.values.values())
