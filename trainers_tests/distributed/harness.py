@@ -82,6 +82,25 @@ def _per_row_generate():
     PartsTrainer._rollout = counted_rollout
 
 
+def _phase_per_shard():
+    """apo_lazy: the offline pass runs inside a training step, so each of its shards is its own phase (then the
+    step's phase resumes): its seeds do not depend on which process samples it or on the rollouts around it."""
+    from trl_variants.presample.runner import HFGenerator
+
+    original = HFGenerator.generate
+
+    def generate(self, prompt_ids, rows, config, shard_seed):
+        saved = dict(PHASE)
+        PHASE.update(name=("presample", shard_seed), seen={}, round=1)
+        try:
+            return original(self, prompt_ids, rows, config, shard_seed)
+        finally:
+            PHASE.clear()
+            PHASE.update(saved)
+
+    HFGenerator.generate = generate
+
+
 def _phase_callback():
     from transformers import TrainerCallback
 
@@ -138,6 +157,10 @@ def _config(name: str, world: int, out: Path):
                               num_presamples=4, pef_threshold=4, pef_batch_size=8 // world, divergence="forward_kl",
                               dph_coef=1.0, presample_cache_dir=str(out / "cache"),
                               **dict(common, max_completion_length=40))
+    if name == "apo_lazy":  # the lazy stage 1: shards of 2 prompts valued during training, 24 prompts at a time
+        return APOConfig(num_generations=1, num_value_samples=4, presample_cache_dir=str(out / "cache"),
+                         check_binary_rewards=False, lazy_value_pass=True, presample_shard_size=2,
+                         lazy_value_chunk_size=24, **dict(common, learning_rate=10 * LR))
     if name == "apo":
         # A*-PO's regression loss starts at (r - V_hat)^2 with small residuals on the shipped model (V_hat from 4
         # samples is close to every reward): 10x the step size so that 3 steps move the weights well above the
@@ -178,7 +201,9 @@ def main(name: str, out: str) -> None:
     out = Path(out)
     world = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun and accelerate launch both set it
     _per_row_generate()
-    trainer_cls = method_classes("composed" if name == "composed_ds" else name)[0]
+    if name == "apo_lazy":
+        _phase_per_shard()
+    trainer_cls = method_classes({"composed_ds": "composed", "apo_lazy": "apo"}.get(name, name))[0]
     args = _config(name, world, out)
     process_type = PartialState().distributed_type
     if os.environ.get("ACCELERATE_USE_FSDP") == "true" and "GPU" not in str(process_type):
@@ -193,7 +218,7 @@ def main(name: str, out: str) -> None:
         model = AutoModelForCausalLM.from_pretrained(DEFAULT_MODEL_PATH, dtype=getattr(torch, DTYPE))
     rewards = [accuracy_reward, half_digit_reward if name == "composed_ds" else digit_reward]
     trainer = trainer_cls(model=model, reward_funcs=rewards,
-                          train_dataset=train_dataset(48),
+                          train_dataset=train_dataset(96 if name == "apo_lazy" else 48),
                           args=args)
     state = PartialState()
     assert state.num_processes == world, (state.num_processes, world)
@@ -208,6 +233,10 @@ def main(name: str, out: str) -> None:
         text = json.dumps([part.to_dict() for part in parts], sort_keys=True, default=str)
         observed["offline_pass_digest"] = hashlib.sha256(text.encode()).hexdigest()
     trainer.train()
+    if name == "apo_lazy":  # what the lazy pass valued, and when (the same on every rank and process count)
+        lazy = trainer._lazy
+        observed["lazy_values"] = {str(r): v for r, v in sorted(lazy.values.items())}
+        observed["lazy_steps"], observed["lazy_shards"] = lazy.steps, lazy.done
     (out / f"rank{state.process_index}.json").write_text(json.dumps(observed))
     # the engine under DeepSpeed (ZeRO-3 gathers the shards), the DDP module otherwise
     state_dict = trainer.accelerator.get_state_dict(trainer.model_wrapped)  # collective; the full dict on rank 0

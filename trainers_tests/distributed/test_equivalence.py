@@ -62,7 +62,7 @@ def assert_same_run(one: Path, two: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("trainer,port", [("erpo", 29621), ("apo", 29623), ("dph", 29625), ("eepo", 29627),
-                                          ("composed", 29629), ("composed_ds", 29631)])
+                                          ("composed", 29629), ("composed_ds", 29631), ("apo_lazy", 29633)])
 def test_two_processes_train_as_one(tmp_path, trainer, port):
     launch(1, trainer, tmp_path / "one", port)
     launch(2, trainer, tmp_path / "two", port + 1)
@@ -71,6 +71,13 @@ def test_two_processes_train_as_one(tmp_path, trainer, port):
         ranks = [json.loads((tmp_path / "two" / f"rank{r}.json").read_text()) for r in (0, 1)]
         digests = [r["rollout_model_digests"] for r in ranks]
         assert len(digests[0]) == 3 and digests[0] == digests[1]  # every rank sampled stage 2 from the same model
+    if trainer == "apo_lazy":  # the lazy stage 1 valued the same prompts, with the same values, at the same steps
+        runs = [json.loads((tmp_path / d / f"rank{r}.json").read_text()) for d, r in (("one", 0), ("two", 0),
+                                                                                       ("two", 1))]
+        assert runs[0]["lazy_values"] == runs[1]["lazy_values"] == runs[2]["lazy_values"]
+        assert runs[0]["lazy_steps"] == runs[1]["lazy_steps"] == runs[2]["lazy_steps"]
+        assert sorted(runs[0]["lazy_shards"]) == sorted(runs[1]["lazy_shards"])
+        assert len(runs[0]["lazy_steps"]) >= 2 and 0 < len(runs[0]["lazy_values"]) < 96  # during training, not all
     if trainer == "composed_ds":  # dynamic sampling refilled (more rounds than steps), the same on both counts
         log1, log2 = (json.loads((tmp_path / d / "log_history.json").read_text()) for d in ("one", "two"))
         rounds = [h["dynamic_sampling/rounds"] for h in log1 if "dynamic_sampling/rounds" in h]
