@@ -76,17 +76,20 @@ def test_lazy_values_equal_full_pass_exactly(tmp_path, monkeypatch):
 
 
 def test_lazy_chunks_are_full_pass_shards_and_resume(tmp_path, monkeypatch):
-    """A restarted lazy run reuses the finished shards (nothing sampled again); a full pass on the same cache samples
-    only the shards the lazy runs did not: the entries are shared because they hold the same values."""
+    """A run resumed from a checkpoint reuses the finished shards (nothing sampled again), those sampled from the
+    frozen reference after the first update included; a full pass on the same cache samples only the shards the lazy
+    run did not: the entries are shared because they hold the same values."""
     calls = _count_shards(monkeypatch)
-    first = _apo(tmp_path, tmp_path / "cache", lazy=True, max_steps=1)
+    save = dict(save_strategy="steps", save_steps=1)
+    first = _apo(tmp_path, tmp_path / "cache", lazy=True, **save)
     first.train()
     done = list(first._lazy.done)
-    assert sorted(calls) == sorted(done) and done
+    assert sorted(calls) == sorted(done) and max(first._lazy.steps) > 0
     calls.clear()
-    again = _apo(tmp_path, tmp_path / "cache", lazy=True, max_steps=1)
-    again.train()
-    assert calls == [] and again._lazy.values == first._lazy.values
+    again = _apo(tmp_path, tmp_path / "cache", lazy=True, **save)
+    again.train(resume_from_checkpoint=str(tmp_path / "lazy" / "checkpoint-1"))
+    assert calls == [] and again._lazy.steps == [1]  # valued at step 1, from the frozen reference, from the cache
+    assert again._lazy.values and all(first._lazy.values[r] == v for r, v in again._lazy.values.items())
     full = _apo(tmp_path, tmp_path / "cache", lazy=False)
     assert sorted(calls) == sorted(set(range(ROWS // SHARD)) - set(done))
     assert all(full.train_dataset[r]["ref_value"] == v for r, v in first._lazy.values.items())

@@ -184,6 +184,14 @@ class APOTrainer(CheckpointStateMixin, ModelCardMixin, FiniteLossMixin, OfflineP
         model = self.ref_model if trained and self.ref_model is not None else self.model
         was_training = model.training
         model.eval()
+        # The cache key holds the model's config. GRPOTrainer turns the policy's config.use_cache off; generate reads
+        # use_cache from the generation config, not from there. With the policy's value the reference (same weights)
+        # has the key of the pass made before training, so the shards sampled after the first update (lazy stage 1,
+        # evaluation) are shared with it.
+        ref_config = self.accelerator.unwrap_model(model).config if model is not self.model else None
+        use_cache = getattr(ref_config, "use_cache", None)
+        if ref_config is not None and hasattr(ref_config, "use_cache"):
+            ref_config.use_cache = getattr(self.accelerator.unwrap_model(self.model).config, "use_cache", use_cache)
         try:
             with self._reference_weights(), full_parameters(self):
                 return presample(model, self.processing_class, dataset, reward_funcs, config,
@@ -193,6 +201,8 @@ class APOTrainer(CheckpointStateMixin, ModelCardMixin, FiniteLossMixin, OfflineP
                                  trainer_state=self.state, shards=shards)
         finally:
             model.train(was_training)
+            if ref_config is not None and hasattr(ref_config, "use_cache"):
+                ref_config.use_cache = use_cache
 
     def _with_valued_prompts(self, dataset, split: str):
         """The prompts of ``dataset`` that have a value estimate (warning about the others)."""
