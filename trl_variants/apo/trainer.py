@@ -69,6 +69,7 @@ class LazyValues:
     def __init__(self, dataset, order: list[int], shard_size: int, chunk_size: int):
         self.dataset, self.order, self.shard_size, self.chunk_size = dataset, order, shard_size, chunk_size
         self.position = {r: i for i, r in enumerate(order)}
+        self.prompt_ids = None  # every row's prompt ids, as the trainer tokenizes them (the pass keys on them)
         self.values: dict[int, float] = {}
         self.rewards: dict[int, list[float]] = {}
         self.done: list[int] = []  # shards, in the order they were computed
@@ -172,7 +173,13 @@ class APOTrainer(CheckpointStateMixin, ModelCardMixin, FiniteLossMixin, OfflineP
             num_samples=args.num_value_samples, value_beta=args.value_beta, **sampling_options(self),
             record_prompt_logp=False, seed=args.seed, cache_dir=args.presample_cache_dir,
             generation_batch_size=args.presample_generation_batch_size, shard_size=args.presample_shard_size,
+            show_progress=shards is None,  # the lazy pass runs during training: no bar or summary of its own
         )
+        lazy_ids = None
+        if shards is not None and self._lazy is not None:  # the lazy pass: all the prompts' ids, tokenized once
+            if self._lazy.prompt_ids is None:
+                self._lazy.prompt_ids = trainer_prompt_ids(self, list(dataset["prompt"]))
+            lazy_ids = self._lazy.prompt_ids
         trained = self.state.global_step > 0
         if trained and (params_sharded(self) or self.ref_model is None
                         and not is_peft_model(self.accelerator.unwrap_model(self.model))):
@@ -196,7 +203,8 @@ class APOTrainer(CheckpointStateMixin, ModelCardMixin, FiniteLossMixin, OfflineP
             with self._reference_weights(), full_parameters(self):
                 return presample(model, self.processing_class, dataset, reward_funcs, config,
                                  reward_weights=self.reward_weights.tolist(), accelerator=self.accelerator,
-                                 tokenize_fn=lambda prompts: trainer_prompt_ids(self, prompts),
+                                 tokenize_fn=lambda prompts: (trainer_prompt_ids(self, prompts) if lazy_ids is None
+                                                              else lazy_ids),
                                  generator=None if trained else trainer_generator(self),
                                  trainer_state=self.state, shards=shards)
         finally:
