@@ -136,3 +136,22 @@ def test_lazy_prompt_without_value_stops(tmp_path):
     with pytest.warns(UserWarning), pytest.raises(ValueError, match="no value estimate"):
         trainer.train()
     assert all(math.isnan(v) for v in trainer._lazy.values.values())
+
+
+@pytest.mark.parametrize("kw", [dict(gradient_accumulation_steps=2), dict(num_iterations=2, steps_per_generation=2),
+                                dict(shuffle_dataset=False, max_steps=3), dict(max_steps=-1, num_train_epochs=2)],
+                         ids=["accumulation", "iterations", "in_order", "epochs"])
+def test_sampler_order_is_the_order_the_run_asks_for(tmp_path, kw):
+    """The look-ahead follows the rows the run really asks for, in their order of first use."""
+    dataset = train_dataset(12) if "num_train_epochs" in kw else None
+    trainer = _apo(tmp_path, tmp_path / "cache", lazy=True, dataset=dataset, **kw)
+    reached = []
+    values_of = trainer._lazy_values
+
+    def watched(inputs):
+        reached.extend(x[LAZY_ROW] for x in inputs)
+        return values_of(inputs)
+
+    trainer._lazy_values = watched
+    trainer.train()
+    assert list(dict.fromkeys(reached)) == trainer._lazy.order
