@@ -37,7 +37,8 @@ VARIANTS = {
     "erpo_weights_only": ("grpo_beta0", "(ablation: query weights only)"),
     "erpo_qkl_only": ("grpo_beta0", "(ablation: Query-KL only)"),
     "eepo": ("grpo_beta0", "step time <= 1.35x GRPO(beta=0) on CPU (gate forced on)"),
-    "dph": ("grpo_beta0", "step time <= 1.05x GRPO(beta=0); peak memory < GRPO(beta>0)"),
+    "grpo_beta0_accuracy": (None, "(DPH-RL's baseline: GRPO(beta=0) with DPH-RL's accuracy reward)"),
+    "dph": ("grpo_beta0_accuracy", "step time <= 1.05x GRPO(beta=0) with the same reward; peak memory < GRPO(beta>0)"),
     "parts_off": ("grpo_beta0", "ComposedTrainer with no part: costs nothing measurable (1.00x)"),
     "grpo_g2": (None, "(A*-PO's baseline: 2 completions per prompt)"),
     "grpo_g2_paper": (None, "(the A*-PO paper's GRPO: 2 completions per prompt, KL beta = 1e-3, App. A.5)"),
@@ -77,6 +78,9 @@ def build_trainer(variant: str, model_path: str, out_dir: str, args):
     if variant == "grpo_beta0":
         return GRPOTrainer(model=model_path, reward_funcs=accuracy_reward, args=GRPOConfig(beta=0.0, **common),
                            train_dataset=dataset)
+    if variant == "grpo_beta0_accuracy":  # DPH-RL's reward (its split needs correctness): the same reward work
+        return GRPOTrainer(model=model_path, reward_funcs=REWARD_FUNCS["accuracy_reward"],
+                           args=GRPOConfig(beta=0.0, **common), train_dataset=dataset)
     if variant == "grpo_beta":
         return GRPOTrainer(model=model_path, reward_funcs=accuracy_reward, args=GRPOConfig(beta=0.04, **common),
                            train_dataset=dataset)

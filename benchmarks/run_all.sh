@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh
 PY=.venv/bin/python
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1
-$PY benchmarks/bench_trainers.py --variants grpo_beta0 grpo_beta erpo eepo dph parts_off grpo_g2 grpo_g2_paper apo a2po \
+$PY benchmarks/bench_trainers.py --variants grpo_beta0 grpo_beta grpo_beta0_accuracy erpo eepo dph parts_off grpo_g2 grpo_g2_paper apo a2po \
     --reps 3 --steps 8 --out results/benchmarks/benchmarks
 $PY benchmarks/bench_trainers.py --variants grpo_g2 grpo_g2_paper apo a2po --batch 64 --G 2 --reps 3 --steps 8 \
     --out results/benchmarks/benchmarks_apo32
