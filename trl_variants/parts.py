@@ -131,7 +131,7 @@ class PartsTrainer(CheckpointStateMixin, ModelCardMixin, FiniteLossMixin, Offlin
             # every GRPO-family config here has the field (dapo/config.py); imported here: dapo imports this module
             from .dapo.part import DynamicSampling
 
-            self.parts.append(DynamicSampling(args.dynamic_sampling_max_rounds, args.seed))
+            self.parts.append(DynamicSampling.from_config(args))
         for flag, what in (("owns_rollout", "replace GRPO's rollout"), ("fills_batch", "decide what fills the batch")):
             owners = [p.name for p in self.parts if getattr(p, flag)]
             if len(owners) > 1:

@@ -38,6 +38,19 @@ def _count_shards(monkeypatch):
     return calls
 
 
+
+def _watch_reached(trainer) -> list:
+    """The dataset rows (their index column) the trainer asks values for, in order, as it trains."""
+    reached = []
+    values_of = trainer._lazy_values
+
+    def watched(inputs):
+        reached.extend(x[LAZY_ROW] for x in inputs)
+        return values_of(inputs)
+
+    trainer._lazy_values = watched
+    return reached
+
 def test_lazy_values_equal_full_pass_exactly(tmp_path, monkeypatch):
     """Two training runs, one with the full pass (in __init__), one lazy (separate caches: both really sample). On
     every prompt the lazy run valued, V_hat and the N rewards are exactly the full pass's (==, not approx), also for
@@ -48,14 +61,7 @@ def test_lazy_values_equal_full_pass_exactly(tmp_path, monkeypatch):
     calls = _count_shards(monkeypatch)
     lazy = _apo(tmp_path, tmp_path / "cache_lazy", lazy=True)
     assert calls == [] and "ref_value" not in lazy.train_dataset.column_names  # nothing sampled at construction
-    reached = []
-    values_of = lazy._lazy_values
-
-    def watched(inputs):
-        reached.extend(x[LAZY_ROW] for x in inputs)
-        return values_of(inputs)
-
-    lazy._lazy_values = watched
+    reached = _watch_reached(lazy)
     full.train()
     lazy.train()
     state = lazy._lazy
@@ -145,13 +151,6 @@ def test_sampler_order_is_the_order_the_run_asks_for(tmp_path, kw):
     """The look-ahead follows the rows the run really asks for, in their order of first use."""
     dataset = train_dataset(12) if "num_train_epochs" in kw else None
     trainer = _apo(tmp_path, tmp_path / "cache", lazy=True, dataset=dataset, **kw)
-    reached = []
-    values_of = trainer._lazy_values
-
-    def watched(inputs):
-        reached.extend(x[LAZY_ROW] for x in inputs)
-        return values_of(inputs)
-
-    trainer._lazy_values = watched
+    reached = _watch_reached(trainer)
     trainer.train()
     assert list(dict.fromkeys(reached)) == trainer._lazy.order

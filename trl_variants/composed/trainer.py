@@ -26,5 +26,5 @@ class ComposedTrainer(PartsTrainer):
                  "erpo_query_kl": lambda: QueryKL(args.query_kl_coef, args.query_kl_estimator),
                  "dph_rehearsal": lambda: Rehearsal(args),
                  "eepo_two_stage_rollout": TwoStageRollout,
-                 "dapo_dynamic_sampling": lambda: DynamicSampling(args.dynamic_sampling_max_rounds, args.seed)}
+                 "dapo_dynamic_sampling": lambda: DynamicSampling.from_config(args)}
         return [build[name]() for name in args.parts]

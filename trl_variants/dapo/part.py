@@ -95,6 +95,11 @@ class DynamicSampling(Part):
         self.stream = RefillStream(seed)
         self._warned = False
 
+    @classmethod
+    def from_config(cls, args) -> DynamicSampling:
+        """The part as a config's ``dynamic_sampling_*`` fields and ``seed`` set it up."""
+        return cls(args.dynamic_sampling_max_rounds, args.seed)
+
     def check(self, trainer_name, args, train_dataset, kwargs) -> None:
         if isinstance(train_dataset, IterableDataset):
             raise ValueError(f"{trainer_name}: dynamic_sampling draws refill prompts from a seeded pass over the "
@@ -184,7 +189,7 @@ class DynamicSampling(Part):
                     mine.append((dest_group * G + k, inputs[i], tensors, (r, g) in fillers))
         rows = sorted((x for x in gather_object(mine) if lo <= x[0] < lo + n_local), key=lambda x: x[0])
         kinds = _kinds(trainer, rounds[0][1])
-        output = {key: _stack([x[2][key] for x in rows], kind, _pad_value(trainer, key), trainer.pad_to_multiple_of)
+        output = {key: _stack([x[2][key] for x in rows], kind, _pad_value(trainer, key))
                   for key, kind in kinds.items()}
         masked = torch.tensor([x[3] for x in rows])  # unfilled places: out of the loss
         output["completion_mask"][masked] = 0
@@ -229,7 +234,7 @@ def _pad_value(trainer, key: str):
     return 1 if key == "tool_mask" else 0  # TRL pads tool masks with 1 (the completion mask decides)
 
 
-def _stack(rows: list[torch.Tensor], kind: str, pad_value, multiple: int | None) -> torch.Tensor:
+def _stack(rows: list[torch.Tensor], kind: str, pad_value) -> torch.Tensor:
     if kind == "row":
         return torch.stack(rows)
     width = max(r.size(0) for r in rows)
