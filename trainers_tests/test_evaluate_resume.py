@@ -124,6 +124,10 @@ from accelerate import PartialState
 PartialState(cpu=True, backend="gloo")  # a CPU-only machine: gloo, as the trainers' use_cpu + ddp_backend
 from trl_variants.cli import main
 main(sys.argv[1:])
+import os, torch.distributed
+assert not torch.distributed.is_initialized()  # evaluate destroyed its process group at the end
+sys.stdout.flush(); sys.stderr.flush()
+os._exit(0)  # past the interpreter's teardown (Gloo threads, see helpers.run_two_ranks): the work is checked above
 """
 
 

@@ -49,6 +49,15 @@ class PresampleScriptArguments(DataScriptArguments):
     )
 
 
+def end_processes(state) -> None:
+    """Several processes: wait for all of them, then destroy the process group, as ``trl-variants train`` does
+    (``Accelerator.end_training``). Gloo's worker threads otherwise can outlive the interpreter and abort the process at
+    exit (SIGABRT, "terminate called without an active exception") after the work is done."""
+    if state.num_processes > 1:
+        state.wait_for_everyone()
+        state.destroy_process_group()
+
+
 def presample_main(argv: list[str]) -> None:
     from accelerate import PartialState
 
@@ -102,6 +111,7 @@ def presample_main(argv: list[str]) -> None:
             push_presampled(result, card, script_args.hub_dataset_id, private=script_args.hub_private,
                             overwrite_card=script_args.hub_overwrite_card)
             print(f"pushed to https://huggingface.co/datasets/{script_args.hub_dataset_id}")
+    end_processes(state)
 
 
 def presample_source(script_args) -> dict:
@@ -236,6 +246,7 @@ def evaluate_main(argv: list[str]) -> None:
         paths = write_report(results, script_args.output_dir)
         print(open(paths["markdown"]).read())
         print("wrote " + ", ".join(paths.values()))
+    end_processes(state)
 
 
 def chunks_file(output_dir, name: str):
