@@ -102,21 +102,67 @@ def shared_settings(args, seed: int, out_dir: Path) -> dict:
                 temperature=1.0, learning_rate=args.lr, lr_scheduler_type="constant", max_steps=args.steps)
 
 
+def heldout_split(args):
+    """The prompts every number is read on: the standard held-out split, or (``--split hard``) the prompts of it that
+    ``benchmarks/heldout_split.py`` chose from the base model's samples (results/heldout_split/)."""
+    from trl_variants import load_default_dataset
+
+    test = load_default_dataset(n_train=0, n_test=args.eval_prompts)["test"]
+    if args.split == "test":
+        return test
+    split = json.loads(Path(args.split_file).read_text())
+    n = int(split["rule"]["candidates"].split()[2])  # "the first 500 prompts of the test split (seed 999)"
+    if n != args.eval_prompts:
+        raise SystemExit(f"--split hard: {args.split_file} chose among the first {n} test prompts; run with "
+                         f"--eval_prompts {n} (the training sets skip exactly those)")
+    return test.select(split["indices"])
+
+
+def entropy_prompts(args):
+    """The held-out prompts whose T = 1 token entropy is measured during training (``--entropy_every``)."""
+    test = heldout_split(args)
+    return test.select(range(min(args.entropy_prompts, len(test))))
+
+
+def entropy_callback(trainer, args):
+    """EEPO's quantity where it matters: token entropy of held-out samples at T = 1, every ``--entropy_every``
+    steps (logged as ``eval_passk/T1.0/entropy``), timed so that the run's wall time leaves it out."""
+    from trl_variants.evaluate import EvalConfig, PassAtKCallback
+
+    class Timed(PassAtKCallback):
+        seconds = 0.0
+
+        def on_step_end(self, *a, **kw):
+            t0 = time.perf_counter()
+            super().on_step_end(*a, **kw)
+            Timed.seconds += time.perf_counter() - t0
+
+    config = EvalConfig(k=4, temperatures=[1.0], greedy=False, max_completion_length=args.max_len, seed=0,
+                        show_progress=False)
+    Timed.seconds = 0.0
+    return Timed(trainer, entropy_prompts(args), config, eval_steps=args.entropy_every)
+
+
 def train(method: str, seed: int, args, out_dir: Path) -> dict:
     from trl_variants import accuracy_reward, load_default_dataset
 
     common = shared_settings(args, seed, out_dir)
     data = load_default_dataset(n_train=args.train_prompts, n_test=args.eval_prompts, seed=seed)["train"]
     cache = str(ROOT / "outputs" / "replication-cache")
-    own = {"dph": dict(presample_cache_dir=cache), "apo": dict(presample_cache_dir=cache, num_generations=1)}
+    own = {"dph": dict(presample_cache_dir=cache),
+           "apo": dict(presample_cache_dir=cache, num_generations=1, lazy_value_pass=args.lazy_value_pass,
+                       per_device_train_batch_size=args.apo_batch)}
     cls, config_cls = method_classes(method)
     t0 = time.perf_counter()
     trainer = cls(model=args.base_model, reward_funcs=accuracy_reward,
                   args=config_cls(**{**common, **own.get(method, {})}), train_dataset=data)
     setup_s = time.perf_counter() - t0  # the offline pass (A*-PO's V_hat, DPH-RL's split, ERPO's l_ref) is here
+    measure = entropy_callback(trainer, args) if args.entropy_every else None
+    if measure is not None:
+        trainer.add_callback(measure)
     t0 = time.perf_counter()
     trainer.train()
-    train_s = time.perf_counter() - t0
+    train_s = time.perf_counter() - t0 - (measure.seconds if measure is not None else 0.0)
     trainer.save_model(str(out_dir))
     return {"history": trainer.state.log_history, "setup_s": setup_s, "train_s": train_s}
 
@@ -125,7 +171,17 @@ def run_settings(args) -> dict:
     """Everything a finished (method, seed) depends on; a saved run is reused only if these match."""
     keys = ["steps", "lr", "G", "max_len", "train_prompts", "eval_prompts", "k", "temperatures", "logging_steps",
             "threads", "base_model"]
-    return {key: getattr(args, key) for key in keys}
+    settings = {key: getattr(args, key) for key in keys}
+    # the study options, recorded only when used, so the main replication's records stay reusable
+    if args.split != "test":
+        settings["split"] = json.loads(Path(args.split_file).read_text())["indices"]
+    if args.entropy_every:
+        settings |= {"entropy_every": args.entropy_every, "entropy_prompts": args.entropy_prompts}
+    if args.lazy_value_pass:
+        settings["lazy_value_pass"] = True
+    if args.apo_batch != 32:
+        settings["apo_batch"] = args.apo_batch
+    return settings
 
 
 def saved_record(path: Path, args) -> dict | None:
@@ -161,6 +217,9 @@ def metric_mean(history: list[dict], key: str, last: int | None = None) -> float
     return statistics.mean(vals) if vals else math.nan
 
 
+HELDOUT_ENTROPY = "eval_passk/T1.0/entropy"  # logged by --entropy_every's callback
+
+
 def entropy_decay(history: list[dict], window: int = 3) -> float:
     """Training-rollout token entropy: mean of the first ``window`` logs minus mean of the last ``window``."""
     vals = [h["entropy"] for h in history if "entropy" in h]
@@ -178,6 +237,7 @@ def per_seed_numbers(run: dict, ev: dict, k: int, t: str) -> dict[str, float]:
         "kl_to_base": e.get("kl_to_reference", math.nan), "keep_rate": e.get("keep_rate", math.nan),
         "query_kl": ev.get("query_kl", math.nan), "wall_s": run.get("setup_s", 0.0) + run.get("train_s", 0.0),
         "train_entropy_decay": entropy_decay(hist),
+        "heldout_entropy": metric_mean(hist, HELDOUT_ENTROPY),
         "eepo_stage1_entropy": metric_mean(hist, "eepo/entropy_stage1"),
         "eepo_stage2_entropy": metric_mean(hist, "eepo/entropy_stage2"),
     }
@@ -200,15 +260,24 @@ def claims(stats: dict[str, dict[str, tuple[float, float]]], k: int) -> list[dic
              {"Query-KL": (s["query_kl"], g["query_kl"]), "greedy": (s["greedy"], g["greedy"])})
     if g and "eepo" in stats:
         s = stats["eepo"]
+        nan = (math.nan, math.nan)
+        if not math.isnan(s.get("heldout_entropy", nan)[0]) and not math.isnan(g.get("heldout_entropy", nan)[0]):
+            # both start from the same base: more held-out entropy across training = slower decay
+            decay_name, decay_part = "held-out entropy across training (T = 1)", compare(
+                s["heldout_entropy"], g["heldout_entropy"], ">")
+            decay = (s["heldout_entropy"], g["heldout_entropy"])
+        else:  # training rollouts only (the main replication)
+            decay_name, decay_part = "entropy decay (first - last logs)", compare(
+                s["train_entropy_decay"], g["train_entropy_decay"], "<")
+            decay = (s["train_entropy_decay"], g["train_entropy_decay"])
         line("EEPO", "stage-2 entropy above stage-1, slower entropy decay than GRPO, equal or better accuracy",
              [("stage-2 entropy above stage-1", compare(s["eepo_stage2_entropy"], s["eepo_stage1_entropy"], ">")),
-              ("entropy decays slower", compare(s["train_entropy_decay"], g["train_entropy_decay"], "<")),
+              ("entropy decays slower", decay_part),
               ("greedy accuracy equal or better", compare(s["greedy"], g["greedy"], ">="))],
              {"stage-2 vs stage-1 entropy": (s["eepo_stage2_entropy"], s["eepo_stage1_entropy"]),
-              "entropy decay (first - last logs)": (s["train_entropy_decay"], g["train_entropy_decay"]),
-              "greedy": (s["greedy"], g["greedy"])},
+              decay_name: decay, "greedy": (s["greedy"], g["greedy"])},
              {"stage-2 vs stage-1 entropy": ("EEPO stage 2", "EEPO stage 1"),
-              "entropy decay (first - last logs)": ("EEPO", LABELS["grpo"]), "greedy": ("EEPO", LABELS["grpo"])})
+              decay_name: ("EEPO", LABELS["grpo"]), "greedy": ("EEPO", LABELS["grpo"])})
     if g and "dph" in stats:
         s, b = stats["dph"], stats["base"]
         line("DPH-RL", f"pass@{k} at or above GRPO and keep rate at or above GRPO (where GRPO's pass@{k} shrinks)",
@@ -247,6 +316,8 @@ def plot_training_curves(runs: dict, path: Path) -> None:
     plt = _plt()
     panels = [(("reward",), "training reward"), (("entropy",), "token entropy of the rollouts"),
               (("erpo/query_kl",), "Query-KL (ERPO)"), (("eepo/entropy_stage2",), "EEPO stage-2 entropy")]
+    if any(HELDOUT_ENTROPY in h for seeds in runs.values() for r in seeds for h in r["history"]):
+        panels.append(((HELDOUT_ENTROPY,), "held-out token entropy (T = 1)"))
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.5))
     for ax, (keys, title) in zip(axes, panels, strict=True):
         for i, (method, seeds) in enumerate(runs.items()):
@@ -328,7 +399,36 @@ def plot_claims(claim_lines: list[dict], path: Path) -> None:
 
 
 # --------------------------------------------------------------------------------------------------- main ---
-def write_page(out: Path, args, stats: dict, claim_lines: list[dict], wall_s: float, k: int) -> str:
+OFFLINE_PASS = {"erpo": "l_ref of every prompt", "dph": "D_pef / D_exp split (num_presamples per prompt)",
+                "apo": "stage 1: V_hat (8 samples per prompt)"}
+
+
+def regime_rows(args) -> list[str]:
+    """How each method's run sits against its paper's regime: samples per prompt, prompts per step, epochs over the
+    training prompts, and what the wall time counts."""
+    rows = ["| method | samples per prompt | prompts per step | epochs over the training prompts | wall time counts |",
+            "|---|---|---|---|---|"]
+    for method in args.methods:
+        g = 1 if method == "apo" else args.G
+        per_step = args.apo_batch if method == "apo" else 32 // g
+        epochs = args.steps * per_step / args.train_prompts
+        offline = OFFLINE_PASS.get(method)
+        if method == "apo" and args.lazy_value_pass:
+            offline = "stage 1, lazy: V_hat only for the prompts the run reaches"
+        timed = "training" + (f" + offline pass ({offline})" if offline else "")
+        rows.append(f"| {LABELS[method]} | {g} | {per_step} | {epochs:.2f} | {timed} |")
+    return rows
+
+
+def split_line(args, n_prompts: int) -> str:
+    if args.split == "test":
+        return f"Held-out: the standard test split, {n_prompts} prompts."
+    return (f"Held-out: the **hard split**, {n_prompts} prompts of the test split the base solves only sometimes, "
+            "chosen from the base's samples before any trained model was evaluated (results/heldout_split/README.md).")
+
+
+def write_page(out: Path, args, stats: dict, claim_lines: list[dict], wall_s: float, k: int,
+               n_prompts: int | None = None) -> str:
     cols = ["greedy", f"avg@{k}", f"pass@{k}", "entropy", "kl_to_base", "keep_rate", "query_kl", "wall_s"]
     lines = [
         "# Replication: each paper's claim at toy scale, against TRL's GRPOTrainer",
@@ -341,6 +441,14 @@ def write_page(out: Path, args, stats: dict, claim_lines: list[dict], wall_s: fl
         f"{args.train_prompts} training prompts, {args.eval_prompts} held-out prompts, k = {k}.",
         "Mean ± 95% CI (Student t over seeds). Verdicts: see `benchmarks/replicate.py` (intervals apart = holds or "
         "does not hold; overlapping = inconclusive).",
+        split_line(args, n_prompts or args.eval_prompts)
+        + (f" Held-out token entropy at T = 1 measured every {args.entropy_every} steps on "
+           f"{args.entropy_prompts} of these prompts (4 samples each; its time left out of the wall time)."
+           if args.entropy_every else ""),
+        "",
+        "## Regime",
+        "",
+        *regime_rows(args),
         "",
         "## Claims",
         "",
@@ -383,12 +491,25 @@ def main(argv: list[str] | None = None):
     ap.add_argument("--work_dir", default=str(ROOT / "outputs" / "replication"),
                     help="trained models and the per-run records (run.json) that let a rerun continue")
     ap.add_argument("--base_model", default=None, help="start every method from this model (default: the shipped one)")
+    ap.add_argument("--split", choices=["test", "hard"], default="test",
+                    help="read every number on the held-out split, or on its hard prompts (--split_file)")
+    ap.add_argument("--split_file", default=str(ROOT / "results" / "heldout_split" / "split.json"),
+                    help="the hard prompts, chosen from the base's samples by benchmarks/heldout_split.py")
+    ap.add_argument("--entropy_every", type=int, default=0,
+                    help="measure held-out token entropy at T = 1 every N steps (EEPO's claim; 0 = off); its time "
+                         "is left out of the wall time")
+    ap.add_argument("--entropy_prompts", type=int, default=100, help="held-out prompts of that measurement")
+    ap.add_argument("--apo_batch", type=int, default=32,
+                    help="A*-PO's completions (= prompts) per step: 32, the others' completions per step (equal "
+                         "generation per step), or 32 / G, the others' prompts per step (the paper's regime)")
+    ap.add_argument("--lazy_value_pass", action="store_true",
+                    help="A*-PO samples stage 1 only for the prompts the run reaches (APOConfig.lazy_value_pass)")
     args = ap.parse_args(argv)
     if 1.0 not in args.temperatures:
         ap.error("--temperatures must include 1.0 (the training temperature; the claims are read there)")
     torch.set_num_threads(args.threads)
 
-    from trl_variants import accuracy_reward, load_default_dataset
+    from trl_variants import accuracy_reward
     from trl_variants.default import DEFAULT_MODEL_PATH
     from trl_variants.evaluate import EvalConfig, evaluate
 
@@ -396,7 +517,7 @@ def main(argv: list[str] | None = None):
     start = time.perf_counter()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    test = load_default_dataset(n_train=0, n_test=args.eval_prompts)["test"]
+    test = heldout_split(args)
     config = EvalConfig(k=args.k, temperatures=args.temperatures, max_completion_length=args.max_len, seed=0)
     base_record = Path(args.work_dir) / "base.json"  # the base's evaluation, reused like the runs
     saved = saved_record(base_record, args)
@@ -445,7 +566,7 @@ def main(argv: list[str] | None = None):
         plot_claims(claim_lines, out / "claims.png")
     plot_training_curves(runs, out / "training_curves.png")
     plot_eval(evals, k, args.temperatures, out)
-    page = write_page(out, args, stats, claim_lines, compute_s, k)
+    page = write_page(out, args, stats, claim_lines, compute_s, k, len(test))
     _drop_per_prompt(base)
     (out / "replication.json").write_text(json.dumps(
         {"settings": vars(args), "command": " ".join(sys.argv), "wall_s": compute_s, "stats": stats, "claims": claim_lines,

@@ -1,6 +1,7 @@
 """`benchmarks/replicate.py`: the statistics behind its claim table, and a reduced replication (1 seed, GRPO only,
 a few steps) that must show RL working on the embedded default: the trained model beats the base on held-out data."""
 
+import argparse
 import importlib.util
 import json
 import math
@@ -84,3 +85,60 @@ def test_reduced_replication_grpo_beats_the_base(tmp_path, monkeypatch):
     monkeypatch.setattr(replicate, "train", lambda *a, **k: pytest.fail("a finished run was trained again"))
     again = replicate.main(argv)
     assert again["per_seed"]["grpo"] == result["per_seed"]["grpo"]
+
+
+def test_eepo_claim_is_read_on_held_out_entropy_when_measured():
+    """With --entropy_every both runs log held-out entropy: "decays slower" compares it (higher = slower decay, both
+    start from the same base); without it the training-rollout decay is compared, as in the main replication."""
+    keys = ["greedy", "pass@16", "keep_rate", "query_kl", "kl_to_base", "wall_s", "train_entropy_decay",
+            "eepo_stage1_entropy", "eepo_stage2_entropy", "heldout_entropy"]
+    stats = {m: {key: (0.5, 0.01) for key in keys} for m in ["base", "grpo", "eepo"]}
+    stats["eepo"] |= {"heldout_entropy": (0.30, 0.01), "train_entropy_decay": (0.9, 0.01)}  # rollouts: decays faster
+    stats["grpo"] |= {"heldout_entropy": (0.20, 0.01)}
+    (line,) = replicate.claims(stats, 16)
+    assert line["parts"]["entropy decays slower"] == "holds"
+    assert line["numbers"]["held-out entropy across training (T = 1)"] == ((0.30, 0.01), (0.20, 0.01))
+    stats["grpo"]["heldout_entropy"] = (math.nan, math.nan)  # not measured: the rollouts' decay (0.9 vs 0.5)
+    (line,) = replicate.claims(stats, 16)
+    assert line["parts"]["entropy decays slower"] == "does not hold"
+    assert "entropy decay (first - last logs)" in line["numbers"]
+
+
+def test_regime_table_counts_epochs_and_what_is_timed():
+    args = argparse.Namespace(methods=["grpo", "apo", "dph"], G=8, steps=200, train_prompts=200, lazy_value_pass=False,
+                              apo_batch=32)
+    rows = replicate.regime_rows(args)
+    assert rows[2] == "| GRPO (TRL) | 8 | 4 | 4.00 | training |"  # 200 steps x 4 prompts / 200 prompts
+    assert rows[3].startswith("| A*-PO | 1 | 32 | 32.00 | training + offline pass (stage 1")
+    assert rows[4].startswith("| DPH-RL | 8 | 4 | 4.00 | training + offline pass (D_pef")
+    args.lazy_value_pass, args.G, args.apo_batch = True, 2, 16  # the paper's regime: equal prompts per step
+    assert replicate.regime_rows(args)[2] == "| GRPO (TRL) | 2 | 16 | 16.00 | training |"
+    assert replicate.regime_rows(args)[3].startswith("| A*-PO | 1 | 16 | 16.00 | training + offline pass (stage 1, lazy")
+
+
+@pytest.mark.slow
+def test_hard_split_and_held_out_entropy_during_training(tmp_path):
+    """--split hard reads the chosen prompts of the test split; --entropy_every logs held-out entropy during training,
+    which becomes the run's heldout_entropy; a split chosen among other prompts than --eval_prompts is refused."""
+    from trl_variants import load_default_dataset
+
+    split = tmp_path / "split.json"
+    split.write_text(json.dumps({"rule": {"candidates": "the first 40 prompts of the test split (seed 999)"},
+                                 "indices": [1, 4, 9, 16, 25, 36]}))
+    argv = ["--seeds", "0", "--methods", "grpo", "--steps", "4", "--train_prompts", "64", "--eval_prompts", "40",
+            "--k", "2", "--temperatures", "1.0", "--logging_steps", "2", "--threads", "1", "--split", "hard",
+            "--split_file", str(split), "--entropy_every", "2", "--entropy_prompts", "4",
+            "--out", str(tmp_path / "out"), "--work_dir", str(tmp_path / "work")]
+    test = load_default_dataset(n_train=0, n_test=40)["test"]
+    chosen = replicate.heldout_split(argparse.Namespace(split="hard", split_file=str(split), eval_prompts=40))
+    assert chosen["prompt"] == [test[i]["prompt"] for i in (1, 4, 9, 16, 25, 36)]
+    result = replicate.main(argv)
+    record = json.loads((tmp_path / "work" / "grpo-seed0" / "run.json").read_text())
+    logged = [h[replicate.HELDOUT_ENTROPY] for h in record["run"]["history"] if replicate.HELDOUT_ENTROPY in h]
+    assert len(logged) == 2 and all(x > 0 for x in logged)  # steps 2 and 4
+    assert result["per_seed"]["grpo"][0]["heldout_entropy"] == pytest.approx(sum(logged) / 2)
+    assert record["settings"]["split"] == [1, 4, 9, 16, 25, 36]
+    page = (tmp_path / "out" / "README.md").read_text()
+    assert "the **hard split**, 6 prompts" in page and "| GRPO (TRL) | 8 | 4 | 0.25 | training |" in page
+    with pytest.raises(SystemExit, match="run with --eval_prompts 40"):
+        replicate.heldout_split(argparse.Namespace(split="hard", split_file=str(split), eval_prompts=500))

@@ -54,3 +54,19 @@ def test_level_weights_and_reference_column():
     ds = load_default_dataset(n_train=200, n_test=10, levels=(1, 4), weights=(1.0, 0.0), with_reference=True)
     assert set(ds["train"]["level"]) == {1}
     assert ds["train"][0]["completion"][0]["content"].endswith("}")
+
+
+def test_levels_beyond_training_exist_for_held_out_studies_only():
+    """Levels 5 and 6 (BEYOND_LEVELS) can be generated one problem at a time; the splits never draw them."""
+    import pytest
+
+    from trl_variants.default.task import BEYOND_LEVELS, LEVELS
+
+    rng = random.Random(1)
+    for level in BEYOND_LEVELS:
+        p = generate_problem(rng, level)
+        assert p.level == level and _eval_reference(p.completion) == p.answer
+        assert p.completion.count(" = ") == level
+    with pytest.raises(ValueError, match=r"level must be one of \(1, 2, 3, 4, 5, 6\), got 7"):
+        generate_problem(rng, 7)
+    assert set(load_default_dataset(n_train=200, n_test=50)["train"]["level"]) <= set(LEVELS)
