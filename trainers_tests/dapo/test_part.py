@@ -4,6 +4,7 @@ rollout returns scripted rewards), then in a real trainer: off-by-signal it is G
 from collections import defaultdict
 from types import SimpleNamespace
 
+import pytest
 import torch
 from accelerate import Accelerator
 
@@ -36,6 +37,24 @@ def test_refill_stream_is_seeded_wraps_and_resumes():
     b.epoch, b.pos = 1, 1  # resumed from a checkpoint
     assert a.take(5, 4) == b.take(5, 4)
     assert RefillStream(seed=4).take(5, 5) != RefillStream(seed=3).take(5, 5)
+
+
+def test_refill_stream_reads_a_streaming_dataset_seeded_wraps_and_resumes():
+    from datasets import Dataset
+
+    stream = Dataset.from_list([{"id": i} for i in range(5)]).to_iterable_dataset()
+    a = RefillStream(seed=3)
+    first = [r["id"] for r in a.rows(stream, 3) + a.rows(stream, 3)]  # crosses into the second epoch
+    assert sorted(first[:5]) == [0, 1, 2, 3, 4] and (a.epoch, a.pos) == (1, 1)
+    assert first[:5] == [r["id"] for r in stream.shuffle(seed=3 * 1_000_033 + 7, buffer_size=1000)]
+    b = RefillStream(seed=3)
+    b.epoch, b.pos = 1, 1  # resumed from a checkpoint
+    assert [r["id"] for r in a.rows(stream, 4)] == [r["id"] for r in b.rows(stream, 4)]
+    long = Dataset.from_list([{"id": i} for i in range(20)]).to_iterable_dataset()
+    assert RefillStream(seed=4).rows(long, 20) != RefillStream(seed=3).rows(long, 20)
+    empty = Dataset.from_list([{"id": 0}]).to_iterable_dataset().filter(lambda row: False)
+    with pytest.raises(ValueError, match="yields no rows"):
+        RefillStream(seed=0).rows(empty, 1)
 
 
 # ----------------------------------------------------------------------------- the fill, with scripted rounds ---

@@ -110,7 +110,20 @@ def test_config_and_refusals(tmp_path):
     assert ComposedConfig(parts=["dapo_dynamic_sampling"], **common).dynamic_sampling is True
     with pytest.raises(ValueError, match="dynamic_sampling_max_rounds"):
         ComposedConfig(parts=["dapo_dynamic_sampling"], dynamic_sampling_max_rounds=0, **common)
-    stream = Dataset.from_list([dict(r) for r in train_dataset(8)]).to_iterable_dataset()
-    with pytest.raises(ValueError, match="IterableDataset.*dynamic_sampling=False"):
-        ComposedTrainer(model="does/not-matter", reward_funcs=half_constant_reward, train_dataset=stream,
-                        args=small_config(ComposedConfig, tmp_path, parts=["dapo_dynamic_sampling"]))
+
+
+def test_streaming_dataset_refills_from_a_seeded_shuffle_of_the_stream(tmp_path):
+    """A streaming IterableDataset (GRPOTrainer trains on one with max_steps): the refill prompts are read from a
+    seeded shuffle of the stream, the batch is refilled and the model trains."""
+    stream = Dataset.from_list([dict(r) for r in train_dataset(16)]).to_iterable_dataset()
+    trainer = ComposedTrainer(model=DEFAULT_MODEL_PATH, reward_funcs=half_constant_reward, train_dataset=stream,
+                              args=small_config(ComposedConfig, tmp_path, parts=["dapo_dynamic_sampling"],
+                                                dynamic_sampling_max_rounds=3, max_steps=1, max_completion_length=16))
+    before = _weights(trainer)
+    trainer.train()
+    rounds = _logged(trainer, "dynamic_sampling/rounds")
+    assert len(rounds) == 1 and rounds[0] > 1
+    part = trainer.part("dapo_dynamic_sampling")
+    assert part.stream.pos == (rounds[0] - 1) * 2  # 2 prompts (8 rows / G 4) per refill round, read from the stream
+    after = _weights(trainer)
+    assert any(not torch.equal(before[n], after[n]) for n in before)

@@ -7,7 +7,8 @@ The algorithm box, top to bottom (:meth:`DynamicSampling.fill`):
 2. A group (the G completions of one prompt) has a learning signal when its rewards are not all equal
    (:func:`groups_with_signal`): all-correct and all-wrong groups have zero advantage and are dropped.
 3. While the batch holds fewer groups with a signal than it has places, draw the next prompts of a second seeded pass
-   over the training set (:class:`RefillStream`) and sample them (another round), at most ``max_rounds`` rounds.
+   over the training set (:class:`RefillStream`; a streaming dataset is read through a seeded shuffle buffer) and
+   sample them (another round), at most ``max_rounds`` rounds.
 4. Fill the batch with the first kept groups in sampling order; if the bound was reached first, complete it with
    dropped groups whose completions are masked out of the loss (the step trains on what there is).
 
@@ -17,6 +18,7 @@ that trains them, so the same groups are kept whatever the number of processes.
 
 from __future__ import annotations
 
+import itertools
 import logging
 
 import torch
@@ -28,6 +30,7 @@ from ..presample.metadata import CORRECT_AT
 
 logger = logging.getLogger(__name__)
 
+REFILL_SHUFFLE_BUFFER = 1000  # rows a streaming training set's refill pass shuffles among (datasets' default)
 PROMPT_KEYS = ("prompt_ids", "prompt_mask")  # left-padded: the rest of a batch's 2-D tensors follow the completion
 
 
@@ -60,17 +63,43 @@ def weighted_rewards(rewards_per_func: torch.Tensor, weights: torch.Tensor) -> t
 
 class RefillStream:
     """A second seeded pass over the training set, the same on every process: ``take(n)`` returns the indices of
-    the next ``n`` prompts (epoch after epoch, each a fresh permutation). Its position is checkpointed."""
+    the next ``n`` prompts (epoch after epoch, each a fresh permutation); ``rows(dataset, n)`` their rows, also of a
+    streaming ``IterableDataset`` (read in order through ``dataset.shuffle(seed, buffer_size)``, one seed per
+    epoch). Its position (epoch, rows read in it) is checkpointed."""
 
     def __init__(self, seed: int):
         self.seed, self.epoch, self.pos = seed, 0, 0
         self._order: tuple[int, int, list[int]] | None = None  # (epoch, size, permutation)
+        self._reader: tuple[int, int, object] | None = None  # a stream's (epoch, pos, iterator standing at pos)
+
+    def _epoch_seed(self) -> int:
+        return self.seed * 1_000_033 + 7 + self.epoch
 
     def order(self, size: int) -> list[int]:
         if self._order is None or self._order[:2] != (self.epoch, size):
-            g = torch.Generator().manual_seed(self.seed * 1_000_033 + 7 + self.epoch)
+            g = torch.Generator().manual_seed(self._epoch_seed())
             self._order = (self.epoch, size, torch.randperm(size, generator=g).tolist())
         return self._order[2]
+
+    def rows(self, dataset, n: int) -> list[dict]:
+        """The rows of the next ``n`` prompts."""
+        if not isinstance(dataset, IterableDataset):
+            return [dataset[i] for i in self.take(len(dataset), n)]
+        out: list[dict] = []
+        while len(out) < n:
+            if self._reader is None or self._reader[:2] != (self.epoch, self.pos):  # start, new epoch, resumed
+                shuffled = dataset.shuffle(seed=self._epoch_seed(), buffer_size=REFILL_SHUFFLE_BUFFER)
+                self._reader = (self.epoch, self.pos, itertools.islice(iter(shuffled), self.pos, None))
+            row = next(self._reader[2], None)
+            if row is None:  # the stream ended: the next epoch
+                if self.pos == 0:
+                    raise ValueError("dynamic sampling: the streaming train_dataset yields no rows to refill from")
+                self.epoch, self.pos = self.epoch + 1, 0
+                continue
+            out.append(row)
+            self.pos += 1
+            self._reader = (self.epoch, self.pos, self._reader[2])
+        return out
 
     def take(self, size: int, n: int) -> list[int]:
         out: list[int] = []
@@ -101,10 +130,6 @@ class DynamicSampling(Part):
         return cls(args.dynamic_sampling_max_rounds, args.seed)
 
     def check(self, trainer_name, args, train_dataset, kwargs) -> None:
-        if isinstance(train_dataset, IterableDataset):
-            raise ValueError(f"{trainer_name}: dynamic_sampling draws refill prompts from a seeded pass over the "
-                             "training set, which needs an indexable datasets.Dataset; a streaming IterableDataset "
-                             "was given: load it without streaming=True or set dynamic_sampling=False")
         columns = getattr(train_dataset, "column_names", None) or []
         if {"image", "images"} & set(columns):
             raise ValueError(f"{trainer_name}: dynamic_sampling moves text rows between generation rounds; image "
@@ -137,10 +162,10 @@ class DynamicSampling(Part):
     def _refill(self, trainer, n_local: int, G: int) -> list[dict]:
         """This process's rows of the next global batch of refill prompts (each prompt G times, whole groups laid
         out over the processes as GRPO's sampler lays them)."""
-        acc, dataset = trainer.accelerator, trainer.train_dataset
-        prompts = self.stream.take(len(dataset), n_local * acc.num_processes // G)
-        rows = [i for i in prompts for _ in range(G)]
-        return [dataset[i] for i in rows[acc.process_index * n_local: (acc.process_index + 1) * n_local]]
+        acc = trainer.accelerator
+        prompts = self.stream.rows(trainer.train_dataset, n_local * acc.num_processes // G)
+        rows = [dict(row) for row in prompts for _ in range(G)]
+        return rows[acc.process_index * n_local: (acc.process_index + 1) * n_local]
 
     @staticmethod
     def _choose(rounds, places: int) -> tuple[list[tuple[int, int]], set[tuple[int, int]]]:
