@@ -3,6 +3,16 @@
     python benchmarks/replicate.py                                 # the committed results/replication/ (see README)
     python benchmarks/replicate.py --seeds 0 1 --steps 60 --out /tmp/quick   # a quick look
 
+Each paper's claim in its paper's regime (sibling studies, commands in ``benchmarks/run_all.sh``):
+
+    # A*-PO: 25 epochs over 128 prompts, equal prompts per step, GRPO with G = 2 (the paper's Table A.5 setting)
+    python benchmarks/replicate.py --methods grpo apo --G 2 --apo_batch 16 --train_prompts 128 --k 8 \
+        --temperatures 1.0 --work_dir outputs/replication_apo_regime --out results/replication_apo_regime
+    # DPH-RL, EEPO and the composed ERPO + DPH-RL trainer on the hard split (benchmarks/heldout_split.py), k = 64,
+    # held-out entropy during training
+    python benchmarks/replicate.py --methods grpo eepo dph composed --split hard --k 64 --temperatures 1.0 \
+        --entropy_every 50 --work_dir outputs/replication_hard_split --out results/replication_hard_split
+
 Every method trains from the same base model (the shipped tiny default unless ``--base_model``) on the same training
 prompts, with the same step budget, learning rate, completions per step (32), completion length, temperature and
 seed as GRPO; each method adds only its own paper's additions with the paper's defaults (nothing is tuned for one
@@ -42,8 +52,9 @@ from trl_variants.registry import PAPER_METHODS, REGISTRY, method_classes
 
 ROOT = Path(__file__).resolve().parent.parent
 METHODS = ["grpo", "erpo", "eepo", "dph", "apo"]
+COMPOSED = "composed"  # ERPO's query weights and Query-KL with DPH-RL's rehearsal in one ComposedTrainer (its defaults)
 PAPER_KEY = {REGISTRY[name].label: name for name in PAPER_METHODS}
-LABELS = {"base": "base", **{name: REGISTRY[name].label for name in METHODS}}
+LABELS = {"base": "base", **{name: REGISTRY[name].label for name in METHODS}, COMPOSED: "ERPO + DPH-RL (composed)"}
 
 
 # ------------------------------------------------------------------------------------------------ statistics ---
@@ -149,7 +160,7 @@ def train(method: str, seed: int, args, out_dir: Path) -> dict:
     common = shared_settings(args, seed, out_dir)
     data = load_default_dataset(n_train=args.train_prompts, n_test=args.eval_prompts, seed=seed)["train"]
     cache = str(ROOT / "outputs" / "replication-cache")
-    own = {"dph": dict(presample_cache_dir=cache),
+    own = {"dph": dict(presample_cache_dir=cache), COMPOSED: dict(presample_cache_dir=cache),
            "apo": dict(presample_cache_dir=cache, num_generations=1, lazy_value_pass=args.lazy_value_pass,
                        per_device_train_batch_size=args.apo_batch)}
     cls, config_cls = method_classes(method)
@@ -296,6 +307,16 @@ def claims(stats: dict[str, dict[str, tuple[float, float]]], k: int) -> list[dic
               ("lower KL to the base", compare(s["kl_to_base"], g["kl_to_base"], "<"))],
              {"greedy": (s["greedy"], g["greedy"]), "wall time s": (s["wall_s"], g["wall_s"]),
               "KL to base": (s["kl_to_base"], g["kl_to_base"])})
+    if g and COMPOSED in stats:  # the parts together keep each part's own claim
+        s = stats[COMPOSED]
+        line("ERPO + DPH-RL", f"both parts' claims at once: lower Query-KL than GRPO (ERPO), pass@{k} at or above "
+             "GRPO's (DPH-RL), equal or better accuracy",
+             [("Query-KL lower", compare(s["query_kl"], g["query_kl"], "<")),
+              (f"pass@{k} at or above GRPO", compare(s[f"pass@{k}"], g[f"pass@{k}"], ">=")),
+              ("greedy accuracy equal or better", compare(s["greedy"], g["greedy"], ">="))],
+             {"Query-KL": (s["query_kl"], g["query_kl"]), f"pass@{k}": (s[f"pass@{k}"], g[f"pass@{k}"]),
+              "greedy": (s["greedy"], g["greedy"])},
+             {name: (LABELS[COMPOSED], LABELS["grpo"]) for name in ("Query-KL", f"pass@{k}", "greedy")})
     return out
 
 
@@ -400,7 +421,7 @@ def plot_claims(claim_lines: list[dict], path: Path) -> None:
 
 # --------------------------------------------------------------------------------------------------- main ---
 OFFLINE_PASS = {"erpo": "l_ref of every prompt", "dph": "D_pef / D_exp split (num_presamples per prompt)",
-                "apo": "stage 1: V_hat (8 samples per prompt)"}
+                "apo": "stage 1: V_hat (8 samples per prompt)", COMPOSED: "l_ref of every prompt, D_pef / D_exp split"}
 
 
 def regime_rows(args) -> list[str]:
@@ -420,6 +441,23 @@ def regime_rows(args) -> list[str]:
     return rows
 
 
+def paired_lines(per_seed: dict) -> list[str]:
+    """A*-PO against GRPO seed by seed (same seed, same prompts, run one after the other): for information beside the
+    verdicts, which use the unpaired rule fixed beforehand (module docstring)."""
+    if "apo" not in per_seed or "grpo" not in per_seed or len(per_seed["apo"]) != len(per_seed["grpo"]) < 2:
+        return []
+    a, g = per_seed["apo"], per_seed["grpo"]
+    ratio = mean_ci([x["wall_s"] / y["wall_s"] for x, y in zip(a, g, strict=True)])
+    kl = mean_ci([x["kl_to_base"] - y["kl_to_base"] for x, y in zip(a, g, strict=True)])
+    lower = sum(x["kl_to_base"] < y["kl_to_base"] for x, y in zip(a, g, strict=True))
+    faster = sum(x["wall_s"] < y["wall_s"] for x, y in zip(a, g, strict=True))
+    return ["## A*-PO vs GRPO, paired by seed (for information)", "",
+            "Each seed trains both methods on the same prompts, one after the other. Paired, seed by seed (the verdict "
+            "above uses the unpaired rule fixed beforehand, not this): A*-PO's wall time / GRPO's "
+            f"{fmt(ratio)} (faster in {faster} of {len(a)} seeds); KL to the base, A*-PO minus GRPO {fmt(kl)} (lower "
+            f"in {lower} of {len(a)} seeds).", ""]
+
+
 def split_line(args, n_prompts: int) -> str:
     if args.split == "test":
         return f"Held-out: the standard test split, {n_prompts} prompts."
@@ -428,8 +466,10 @@ def split_line(args, n_prompts: int) -> str:
 
 
 def write_page(out: Path, args, stats: dict, claim_lines: list[dict], wall_s: float, k: int,
-               n_prompts: int | None = None) -> str:
+               n_prompts: int | None = None, per_seed: dict | None = None) -> str:
     cols = ["greedy", f"avg@{k}", f"pass@{k}", "entropy", "kl_to_base", "keep_rate", "query_kl", "wall_s"]
+    if args.entropy_every:  # the mean of the held-out entropy measured during training
+        cols.insert(4, "heldout_entropy")
     lines = [
         "# Replication: each paper's claim at toy scale, against TRL's GRPOTrainer",
         "",
@@ -461,7 +501,7 @@ def write_page(out: Path, args, stats: dict, claim_lines: list[dict], wall_s: fl
         nums = "; ".join(f"{name}: {fmt(a)} vs {fmt(b)}" for name, (a, b) in c["numbers"].items())
         parts = ", ".join(f"{p}: {v}" for p, v in c["parts"].items())
         lines.append(f"| {c['paper']} | {c['claim']} | **{c['verdict']}** ({parts}) | {nums} |")
-    lines += ["", "## Every number (held-out set, T = 1.0 unless stated)", "",
+    lines += ["", *paired_lines(per_seed or {}), "## Every number (held-out set, T = 1.0 unless stated)", "",
               "| method | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
     for method, s in stats.items():
         lines.append(f"| {LABELS[method]} | " + " | ".join(fmt(s[c]) for c in cols) + " |")
@@ -481,7 +521,9 @@ def main(argv: list[str] | None = None):
     ap.add_argument("--G", type=int, default=8)
     ap.add_argument("--max_len", type=int, default=64)
     ap.add_argument("--train_prompts", type=int, default=2000)
-    ap.add_argument("--methods", nargs="+", default=METHODS, choices=METHODS)
+    ap.add_argument("--methods", nargs="+", default=METHODS, choices=[*METHODS, COMPOSED],
+                    help=f"methods to train (default: the four papers' and GRPO; {COMPOSED!r}: ERPO's parts and "
+                         "DPH-RL's rehearsal in one trainer)")
     ap.add_argument("--eval_prompts", type=int, default=500)
     ap.add_argument("--k", type=int, default=16)
     ap.add_argument("--temperatures", type=float, nargs="+", default=[0.5, 1.0, 1.5])
@@ -566,7 +608,7 @@ def main(argv: list[str] | None = None):
         plot_claims(claim_lines, out / "claims.png")
     plot_training_curves(runs, out / "training_curves.png")
     plot_eval(evals, k, args.temperatures, out)
-    page = write_page(out, args, stats, claim_lines, compute_s, k, len(test))
+    page = write_page(out, args, stats, claim_lines, compute_s, k, len(test), per_seed)
     _drop_per_prompt(base)
     (out / "replication.json").write_text(json.dumps(
         {"settings": vars(args), "command": " ".join(sys.argv), "wall_s": compute_s, "stats": stats, "claims": claim_lines,

@@ -33,9 +33,10 @@ $PY benchmarks/replicate.py --seeds 0 --methods grpo --steps 600 --temperatures 
 # A*-PO: the paper's regime, 25 epochs over a fixed prompt set, equal prompts per step, GRPO with G = 2
 $PY benchmarks/replicate.py --methods grpo apo --G 2 --apo_batch 16 --train_prompts 128 --steps 200 --k 8 \
     --temperatures 1.0 --work_dir outputs/replication_apo_regime --out results/replication_apo_regime
-# DPH-RL and EEPO: the hard held-out split, chosen from the base's samples first, k = 64, held-out entropy in training
+# DPH-RL, EEPO and ERPO + DPH-RL composed: the hard held-out split (chosen from the base's samples first), k = 64,
+# held-out entropy during training
 $PY benchmarks/heldout_split.py
-$PY benchmarks/replicate.py --methods grpo eepo dph --split hard --k 64 --temperatures 1.0 --entropy_every 50 \
+$PY benchmarks/replicate.py --methods grpo eepo dph composed --split hard --k 64 --temperatures 1.0 --entropy_every 50 \
     --work_dir outputs/replication_hard_split --out results/replication_hard_split
 if [ "${1:-}" = "--extended" ] || [ "${1:-}" = "--medium" ]; then
   $PY benchmarks/bench_trainers.py --model medium --variants grpo_beta0 grpo_beta erpo eepo dph grpo_g2 apo a2po \

@@ -142,3 +142,27 @@ def test_hard_split_and_held_out_entropy_during_training(tmp_path):
     assert "the **hard split**, 6 prompts" in page and "| GRPO (TRL) | 8 | 4 | 0.25 | training |" in page
     with pytest.raises(SystemExit, match="run with --eval_prompts 40"):
         replicate.heldout_split(argparse.Namespace(split="hard", split_file=str(split), eval_prompts=500))
+
+
+def test_composed_claim_line_reads_both_parts_claims():
+    """ERPO + DPH-RL in one trainer: its line holds only when the Query-KL is below GRPO's AND pass@k is not below."""
+    keys = ["greedy", "pass@64", "query_kl"]
+    stats = {m: {key: (0.5, 0.01) for key in keys} for m in ["base", "grpo", "composed"]}
+    stats["grpo"]["query_kl"] = (0.10, 0.01)
+    stats["composed"] |= {"query_kl": (0.01, 0.005), "pass@64": (0.9, 0.01)}
+    (line,) = replicate.claims(stats, 64)
+    assert line["paper"] == "ERPO + DPH-RL" and line["verdict"] == "holds"
+    assert line["labels"]["pass@64"] == ("ERPO + DPH-RL (composed)", "GRPO (TRL)")
+    stats["composed"]["pass@64"] = (0.3, 0.01)  # the rehearsal's claim lost: pass@64 below GRPO's
+    (line,) = replicate.claims(stats, 64)
+    assert line["verdict"] == "does not hold" and line["parts"]["Query-KL lower"] == "holds"
+
+
+def test_apo_paired_by_seed_is_information_beside_the_verdict():
+    per_seed = {"grpo": [{"wall_s": 100.0, "kl_to_base": 2.0}, {"wall_s": 80.0, "kl_to_base": 1.0}],
+                "apo": [{"wall_s": 50.0, "kl_to_base": 1.0}, {"wall_s": 60.0, "kl_to_base": 1.5}]}
+    text = "\n".join(replicate.paired_lines(per_seed))
+    # ratios 0.5 and 0.75: mean 0.625, half-width 12.706 * stdev(0.177) / sqrt(2) = 1.588
+    assert "A*-PO's wall time / GRPO's 0.625 ± 1.588 (faster in 2 of 2 seeds)" in text
+    assert "A*-PO minus GRPO -0.250 ± 9.529 (lower in 1 of 2 seeds)" in text  # differences -1.0 and +0.5
+    assert replicate.paired_lines({"grpo": per_seed["grpo"]}) == []
