@@ -60,6 +60,7 @@ FREE_FIELDS = frozenset({
     "reference_batch_size",  # batching of ERPO's no-grad reference pass
     "ref_prompt_logp_column",  # a column name
     "check_binary_rewards", "require_pef",  # a warning, an error
+    "lazy_value_pass", "lazy_value_chunk_size",  # when A*-PO's stage 1 runs, not its values (the same shards)
 })
 
 _CHECKPOINT_DIR = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-(\d+)$")

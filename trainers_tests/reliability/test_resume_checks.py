@@ -100,3 +100,14 @@ def test_real_checkpoint_of_another_trainer_refused_before_the_offline_pass(tmp_
                    presample_cache_dir=str(tmp_path / "cache"))
     with pytest.raises(ValueError, match=r"was written by EEPOTrainer; resume it with EEPOTrainer"):
         _build(DPHTrainer, args)
+
+
+def test_a_run_may_resume_with_the_lazy_stage_1_switched():
+    """lazy_value_pass decides when A*-PO's stage 1 runs, not its values: a checkpoint of a full-pass run resumes
+    lazily and the other way round; every other own field of the config is still compared."""
+    from trl_variants import APOConfig
+
+    common = dict(output_dir="x", use_cpu=True, report_to="none")
+    full = resume_fields(APOConfig(**common))
+    assert resume_fields(APOConfig(lazy_value_pass=True, lazy_value_chunk_size=8, **common)) == full
+    assert resume_fields(APOConfig(value_beta=0.25, **common)) != full
