@@ -483,7 +483,8 @@ def write_page(out: Path, args, stats: dict, claim_lines: list[dict], wall_s: fl
         "does not hold; overlapping = inconclusive).",
         split_line(args, n_prompts or args.eval_prompts)
         + (f" Held-out token entropy at T = 1 measured every {args.entropy_every} steps on "
-           f"{args.entropy_prompts} of these prompts (4 samples each; its time left out of the wall time)."
+           f"{min(args.entropy_prompts, n_prompts or args.eval_prompts)} of these prompts (4 samples each; its time left "
+           "out of the wall time)."
            if args.entropy_every else ""),
         "",
         "## Regime",

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Reproduce every number and plot of docs/RESULTS.md on a CPU machine (about 5 hours on 2 cores, 4 of them the
-# replication: 5 seeds x 5 methods, ~10 minutes per trained and evaluated model; it saves each finished model's
-# record under outputs/replication/, so rerunning after an interruption continues where it stopped); every output
+# Reproduce every number and plot of docs/RESULTS.md on a CPU machine (about 7 hours on 2 cores: 4 of them the
+# replication, 5 seeds x 5 methods, ~10 minutes per trained and evaluated model; about 2 the claims in their papers'
+# regimes, A*-PO's 22 minutes and the hard split's ~20 minutes per seed; every replication saves each finished
+# model's record under outputs/, so rerunning after an interruption continues where it stopped); every output
 # goes under results/ (one folder per study, each with a README naming its command):
 #   bash benchmarks/run_all.sh            # tiny-model benchmarks, stage 1, EEPO clip study, replication
 #   bash benchmarks/run_all.sh --extended # also the 25M-parameter and 32k-vocabulary benchmarks (--medium is an alias)
