@@ -162,7 +162,7 @@ def train(method: str, seed: int, args, out_dir: Path) -> dict:
     cache = str(ROOT / "outputs" / "replication-cache")
     own = {"dph": dict(presample_cache_dir=cache), COMPOSED: dict(presample_cache_dir=cache),
            "apo": dict(presample_cache_dir=cache, num_generations=1, lazy_value_pass=args.lazy_value_pass,
-                       per_device_train_batch_size=args.apo_batch)}
+                       per_device_train_batch_size=args.apo_batch, presample_shard_size=args.apo_shard_size)}
     cls, config_cls = method_classes(method)
     t0 = time.perf_counter()
     trainer = cls(model=args.base_model, reward_funcs=accuracy_reward,
@@ -192,6 +192,8 @@ def run_settings(args) -> dict:
         settings["lazy_value_pass"] = True
     if args.apo_batch != 32:
         settings["apo_batch"] = args.apo_batch
+    if args.apo_shard_size != 64:
+        settings["apo_shard_size"] = args.apo_shard_size
     return settings
 
 
@@ -435,7 +437,8 @@ def regime_rows(args) -> list[str]:
         epochs = args.steps * per_step / args.train_prompts
         offline = OFFLINE_PASS.get(method)
         if method == "apo" and args.lazy_value_pass:
-            offline = "stage 1, lazy: V_hat only for the prompts the run reaches"
+            offline = (f"stage 1, lazy: V_hat only for the shards of {args.apo_shard_size} prompts the run "
+                       "reaches")
         timed = "training" + (f" + offline pass ({offline})" if offline else "")
         rows.append(f"| {LABELS[method]} | {g} | {per_step} | {epochs:.2f} | {timed} |")
     return rows
@@ -545,6 +548,9 @@ def main(argv: list[str] | None = None):
     ap.add_argument("--apo_batch", type=int, default=32,
                     help="A*-PO's completions (= prompts) per step: 32, the others' completions per step (equal "
                          "generation per step), or 32 / G, the others' prompts per step (the paper's regime)")
+    ap.add_argument("--apo_shard_size", type=int, default=64,
+                    help="A*-PO's stage-1 shard (APOConfig.presample_shard_size): with --lazy_value_pass, 1 values "
+                         "exactly the prompts a run reaches")
     ap.add_argument("--lazy_value_pass", action="store_true",
                     help="A*-PO samples stage 1 only for the prompts the run reaches (APOConfig.lazy_value_pass)")
     args = ap.parse_args(argv)

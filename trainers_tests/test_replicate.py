@@ -106,7 +106,7 @@ def test_eepo_claim_is_read_on_held_out_entropy_when_measured():
 
 def test_regime_table_counts_epochs_and_what_is_timed():
     args = argparse.Namespace(methods=["grpo", "apo", "dph"], G=8, steps=200, train_prompts=200, lazy_value_pass=False,
-                              apo_batch=32)
+                              apo_batch=32, apo_shard_size=64)
     rows = replicate.regime_rows(args)
     assert rows[2] == "| GRPO (TRL) | 8 | 4 | 4.00 | training |"  # 200 steps x 4 prompts / 200 prompts
     assert rows[3].startswith("| A*-PO | 1 | 32 | 32.00 | training + offline pass (stage 1")
