@@ -122,7 +122,7 @@ def heldout_split(args):
     if args.split == "test":
         return test
     split = json.loads(Path(args.split_file).read_text())
-    n = int(split["rule"]["candidates"].split()[2])  # "the first 500 prompts of the test split (seed 999)"
+    n = split["rule"]["eval_prompts"]  # the split's candidates: the first n prompts of the test split
     if n != args.eval_prompts:
         raise SystemExit(f"--split hard: {args.split_file} chose among the first {n} test prompts; run with "
                          f"--eval_prompts {n} (the training sets skip exactly those)")
@@ -141,16 +141,15 @@ def entropy_callback(trainer, args):
     from trl_variants.evaluate import EvalConfig, PassAtKCallback
 
     class Timed(PassAtKCallback):
-        seconds = 0.0
+        seconds = 0.0  # this callback's own time (an instance attribute from the first measurement on)
 
         def on_step_end(self, *a, **kw):
             t0 = time.perf_counter()
             super().on_step_end(*a, **kw)
-            Timed.seconds += time.perf_counter() - t0
+            self.seconds += time.perf_counter() - t0
 
     config = EvalConfig(k=4, temperatures=[1.0], greedy=False, max_completion_length=args.max_len, seed=0,
                         show_progress=False)
-    Timed.seconds = 0.0
     return Timed(trainer, entropy_prompts(args), config, eval_steps=args.entropy_every)
 
 
@@ -447,7 +446,8 @@ def regime_rows(args) -> list[str]:
 def paired_lines(per_seed: dict) -> list[str]:
     """A*-PO against GRPO seed by seed (same seed, same prompts, run one after the other): for information beside the
     verdicts, which use the unpaired rule fixed beforehand (module docstring)."""
-    if "apo" not in per_seed or "grpo" not in per_seed or len(per_seed["apo"]) != len(per_seed["grpo"]) < 2:
+    if "apo" not in per_seed or "grpo" not in per_seed or len(per_seed["apo"]) != len(per_seed["grpo"]) \
+            or len(per_seed["grpo"]) < 2:
         return []
     a, g = per_seed["apo"], per_seed["grpo"]
     ratio = mean_ci([x["wall_s"] / y["wall_s"] for x, y in zip(a, g, strict=True)])

@@ -123,7 +123,8 @@ def test_hard_split_and_held_out_entropy_during_training(tmp_path):
     from trl_variants import load_default_dataset
 
     split = tmp_path / "split.json"
-    split.write_text(json.dumps({"rule": {"candidates": "the first 40 prompts of the test split (seed 999)"},
+    split.write_text(json.dumps({"rule": {"candidates": "the first 40 prompts of the test split (seed 999)",
+                                          "eval_prompts": 40},
                                  "indices": [1, 4, 9, 16, 25, 36]}))
     argv = ["--seeds", "0", "--methods", "grpo", "--steps", "4", "--train_prompts", "64", "--eval_prompts", "40",
             "--k", "2", "--temperatures", "1.0", "--logging_steps", "2", "--threads", "1", "--split", "hard",
@@ -166,3 +167,5 @@ def test_apo_paired_by_seed_is_information_beside_the_verdict():
     assert "A*-PO's wall time / GRPO's 0.625 ± 1.588 (faster in 2 of 2 seeds)" in text
     assert "A*-PO minus GRPO -0.250 ± 9.529 (lower in 1 of 2 seeds)" in text  # differences -1.0 and +0.5
     assert replicate.paired_lines({"grpo": per_seed["grpo"]}) == []
+    assert replicate.paired_lines({"grpo": per_seed["grpo"], "apo": per_seed["apo"][:1]}) == []  # unmatched seeds
+    assert replicate.paired_lines({m: rows[:1] for m, rows in per_seed.items()}) == []  # one seed: no interval
