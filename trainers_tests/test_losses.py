@@ -121,6 +121,18 @@ def test_apo_loss_hand_computed():
     assert loss.item() == pytest.approx(((0.1 - 0.5) ** 2 + (-0.2 + 0.25) ** 2) / 2)
 
 
+def test_apo_loss_mask_leaves_rows_out():
+    # the mean over the kept rows only; nothing kept: 0, and the gradient is 0 (the row is out of the loss)
+    ratio = torch.tensor([10.0, -20.0, 5.0], requires_grad=True)
+    rewards, values = torch.tensor([1.0, 0.0, 1.0]), torch.tensor([0.5, 0.25, 1.0])
+    loss = losses.apo_loss(ratio, rewards, values, 1e-2, mask=torch.tensor([1.0, 0.0, 1.0]))
+    assert loss.item() == pytest.approx(((0.1 - 0.5) ** 2 + (0.05 - 0.0) ** 2) / 2)
+    loss.backward()
+    assert ratio.grad[1].item() == 0.0 and ratio.grad[0].item() != 0.0
+    none = losses.apo_loss(ratio, rewards, values, 1e-2, mask=torch.zeros(3))
+    assert none.item() == 0.0
+
+
 def test_js_definition_terms_hand_computed():
     ref_side, policy_side = losses.js_definition_terms(torch.tensor([0.0, math.log(2.0), math.log(0.5)]))
     torch.testing.assert_close(ref_side, torch.tensor([0.0, -math.log(1.5), -math.log(0.75)]))

@@ -160,12 +160,18 @@ def optimal_value(rewards: torch.Tensor, beta: float) -> torch.Tensor:
     return (beta * (torch.logsumexp(r / beta, dim=-1) - math.log(n))).to(out_dtype)
 
 
-def apo_loss(seq_log_ratio: torch.Tensor, rewards: torch.Tensor, values: torch.Tensor, beta: float):
+def apo_loss(seq_log_ratio: torch.Tensor, rewards: torch.Tensor, values: torch.Tensor, beta: float,
+             mask: torch.Tensor | None = None):
     """A*-PO stage-2 regression loss: ``mean_batch ( beta * log(pi/pi_ref)(y|x) - (r - V_hat(x)) )^2``.
 
     ``seq_log_ratio`` is the sequence log-ratio (sum over completion tokens). No clipping, no normalisation.
+    ``mask`` (optional, 1 = in the loss) leaves rows out: the mean is over the rows kept, 0 when none is kept (the
+    lazy stage 1's prompts without a value estimate, which the full pass leaves out of the dataset).
     """
-    return ((beta * seq_log_ratio - (rewards - values)) ** 2).mean()
+    squared = (beta * seq_log_ratio - (rewards - values)) ** 2
+    if mask is None:
+        return squared.mean()
+    return (squared * mask).sum() / mask.sum().clamp(min=1.0)
 
 
 def __getattr__(name: str):

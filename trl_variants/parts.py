@@ -43,7 +43,8 @@ from trl import GRPOTrainer
 
 from ._card import ModelCardMixin
 from ._checkpoint import CheckpointStateMixin
-from ._common import EvalDatasetMixin, FiniteLossMixin, OfflinePassLogMixin, resolve_config
+from ._offline import OfflinePassLogMixin
+from ._trainer import EvalDatasetMixin, FiniteLossMixin, resolve_config
 from ._validation import (
     check_model_paths,
     check_reward_columns_before_load,

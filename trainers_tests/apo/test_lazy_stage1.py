@@ -5,6 +5,7 @@ need, with exactly the full pass's values; cached and resumable; refused where i
 import math
 
 import pytest
+import torch
 from datasets import IterableDataset
 
 from trl_variants import APOConfig, APOTrainer, accuracy_reward
@@ -127,30 +128,71 @@ def test_lazy_refused_where_unsafe(tmp_path):
     stream = IterableDataset.from_generator(lambda: iter(rows))
     with pytest.raises(ValueError, match="map-style"):
         _apo(tmp_path, tmp_path / "cache", lazy=True, dataset=stream)
-    assert not APOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False).lazy_value_pass  # off by default
+    assert APOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False).lazy_value_pass is None  # auto
 
 
-def test_lazy_prompt_without_value_stops(tmp_path):
+def test_default_is_lazy_where_safe_and_it_saves_work(tmp_path):
+    """``lazy_value_pass=None`` (default): lazy when the run reaches fewer shards than the dataset has and nothing
+    makes it unsafe; else the full pass in __init__ (``ref_value`` on the training rows). Never an error."""
+    def stage1(trainer):
+        return "lazy" if trainer._lazy is not None else "full" if "ref_value" in trainer.train_dataset.column_names \
+            else "?"
+
+    short = _apo(tmp_path, tmp_path / "cache", lazy=None, max_steps=1)  # 4 of 32 rows: at most 4 of 8 shards
+    assert stage1(short) == "lazy" and len(short._lazy.order) == 4
+    whole = _apo(tmp_path, tmp_path / "cache", lazy=None, max_steps=8)  # 32 rows: every shard, nothing to save
+    assert stage1(whole) == "full"
+    one_shard = _apo(tmp_path, tmp_path / "cache", lazy=None, max_steps=1, presample_shard_size=64)
+    assert stage1(one_shard) == "full"  # the 4 rows reached live in the dataset's only shard
+
+
+def test_default_full_pass_where_lazy_is_unsafe(tmp_path):
+    trainer = _apo(tmp_path, tmp_path / "cache", lazy=None, max_steps=1, filter_all_incorrect=True)
+    assert trainer._lazy is None and "ref_value" in trainer.train_dataset.column_names
+    rows = list(train_dataset(ROWS))
+    stream = IterableDataset.from_generator(lambda: iter(rows))
+    streamed = _apo(tmp_path, tmp_path / "cache", lazy=None, max_steps=1, dataset=stream)
+    assert streamed._lazy is None  # read once, in full, as before
+
+
+def test_lazy_prompt_without_value_is_left_out_of_the_loss(tmp_path):
+    """A prompt none of whose reference samples got a reward has no V_hat: the full pass leaves it out of the
+    dataset; the lazy pass masks its rows out of the loss (warning, ``apo/unvalued_fraction``). With every prompt
+    unscored the loss is 0 and the weights do not move (bit-exact); with some, training goes on."""
     def no_reward(completions, **kwargs):
         return [None] * len(completions)
 
-    trainer = APOTrainer(model=DEFAULT_MODEL_PATH, reward_funcs=[no_reward],
-                         args=small_config(APOConfig, tmp_path / "x", num_generations=1, num_value_samples=2,
-                                           per_device_train_batch_size=4, presample_shard_size=SHARD,
-                                           lazy_value_pass=True, presample_cache_dir=str(tmp_path / "c")),
+    def args(name, **kw):
+        return small_config(APOConfig, tmp_path / name, num_generations=1, num_value_samples=2,
+                            per_device_train_batch_size=4, presample_shard_size=SHARD, lazy_value_pass=True,
+                            presample_cache_dir=str(tmp_path / name / "c"), logging_steps=1, **kw)
+
+    trainer = APOTrainer(model=DEFAULT_MODEL_PATH, reward_funcs=[no_reward], args=args("none"),
                          train_dataset=train_dataset(8))
-    with pytest.warns(UserWarning), pytest.raises(ValueError, match="no value estimate"):
+    before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    with pytest.warns(UserWarning, match="left out of the loss"):
         trainer.train()
-    assert all(math.isnan(v) for v in trainer._lazy.values.values())
+    assert all(math.isnan(v) for v in trainer._lazy.values.values()) and len(trainer._lazy.unvalued) == 8
+    assert all(torch.equal(before[k], v) for k, v in trainer.model.state_dict().items())
+    logged = [h for h in trainer.state.log_history if "apo/unvalued_fraction" in h]
+    assert logged and all(h["apo/unvalued_fraction"] == 1.0 and h["apo/regression_loss"] == 0.0 for h in logged)
 
+    data = train_dataset(8)
+    scored = {str(p) for p in data["prompt"][:4]}
 
-@pytest.mark.parametrize("kw", [dict(gradient_accumulation_steps=2), dict(num_iterations=2, steps_per_generation=2),
-                                dict(shuffle_dataset=False, max_steps=3), dict(max_steps=-1, num_train_epochs=2)],
-                         ids=["accumulation", "iterations", "in_order", "epochs"])
-def test_sampler_order_is_the_order_the_run_asks_for(tmp_path, kw):
-    """The look-ahead follows the rows the run really asks for, in their order of first use."""
-    dataset = train_dataset(12) if "num_train_epochs" in kw else None
-    trainer = _apo(tmp_path, tmp_path / "cache", lazy=True, dataset=dataset, **kw)
+    def some_reward(prompts, completions, **kwargs):  # the first 4 prompts (rows 0-3) are scored, the others never
+        return [float(len(str(c)) % 2) if str(p) in scored else None
+                for p, c in zip(prompts, completions, strict=True)]
+
+    trainer = APOTrainer(model=DEFAULT_MODEL_PATH, reward_funcs=[some_reward],
+                         args=args("some", max_steps=4, check_binary_rewards=False), train_dataset=data)
     reached = _watch_reached(trainer)
-    trainer.train()
-    assert list(dict.fromkeys(reached)) == trainer._lazy.order
+    before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    with pytest.warns(UserWarning, match="left out of the loss"):
+        trainer.train()
+    unvalued = {r for r, v in trainer._lazy.values.items() if not math.isfinite(v)}
+    assert unvalued == trainer._lazy.unvalued == set(range(4, 8))
+    assert any(not torch.equal(before[k], v) for k, v in trainer.model.state_dict().items())
+    per_step = [sum(r >= 4 for r in reached[i:i + 4]) / 4 for i in range(0, len(reached), 4)]
+    logged = [h.get("apo/unvalued_fraction", 0.0) for h in trainer.state.log_history if "loss" in h]
+    assert len(per_step) == 4 and logged == per_step and 0 < sum(per_step) < 4

@@ -157,6 +157,9 @@ def _config(name: str, world: int, out: Path):
                               num_presamples=4, pef_threshold=4, pef_batch_size=8 // world, divergence="forward_kl",
                               dph_coef=1.0, presample_cache_dir=str(out / "cache"),
                               **dict(common, max_completion_length=40))
+    if name == "dapo_stream":  # dynamic sampling alone, on a streaming dataset: the refill reads the stream itself
+        return ComposedConfig(num_generations=4, parts=["dapo_dynamic_sampling"], dynamic_sampling_max_rounds=3,
+                              **common)
     if name == "apo_lazy":  # the lazy stage 1: shards of 2 prompts valued during training, 24 prompts at a time
         return APOConfig(num_generations=1, num_value_samples=4, presample_cache_dir=str(out / "cache"),
                          check_binary_rewards=False, lazy_value_pass=True, presample_shard_size=2,
@@ -203,7 +206,8 @@ def main(name: str, out: str) -> None:
     _per_row_generate()
     if name == "apo_lazy":
         _phase_per_shard()
-    trainer_cls = method_classes({"composed_ds": "composed", "apo_lazy": "apo"}.get(name, name))[0]
+    trainer_cls = method_classes({"composed_ds": "composed", "dapo_stream": "composed",
+                                  "apo_lazy": "apo"}.get(name, name))[0]
     args = _config(name, world, out)
     process_type = PartialState().distributed_type
     if os.environ.get("ACCELERATE_USE_FSDP") == "true" and "GPU" not in str(process_type):
@@ -216,10 +220,11 @@ def main(name: str, out: str) -> None:
         from transformers import AutoModelForCausalLM
 
         model = AutoModelForCausalLM.from_pretrained(DEFAULT_MODEL_PATH, dtype=getattr(torch, DTYPE))
-    rewards = [accuracy_reward, half_digit_reward if name == "composed_ds" else digit_reward]
-    trainer = trainer_cls(model=model, reward_funcs=rewards,
-                          train_dataset=train_dataset(96 if name == "apo_lazy" else 48),
-                          args=args)
+    rewards = [accuracy_reward, half_digit_reward if name in ("composed_ds", "dapo_stream") else digit_reward]
+    data = train_dataset(96 if name == "apo_lazy" else 48)
+    if name == "dapo_stream":  # GRPOTrainer streams it (accelerate dispatches the batches from rank 0)
+        data = data.to_iterable_dataset()
+    trainer = trainer_cls(model=model, reward_funcs=rewards, train_dataset=data, args=args)
     state = PartialState()
     assert state.num_processes == world, (state.num_processes, world)
 
@@ -233,6 +238,9 @@ def main(name: str, out: str) -> None:
         text = json.dumps([part.to_dict() for part in parts], sort_keys=True, default=str)
         observed["offline_pass_digest"] = hashlib.sha256(text.encode()).hexdigest()
     trainer.train()
+    if name == "dapo_stream":  # where the refill stream stood at the end, and the rows it read
+        part = trainer.part("dapo_dynamic_sampling")
+        observed["refill_pos"] = part.stream.pos
     if name == "apo_lazy":  # what the lazy pass valued, and when (the same on every rank and process count)
         lazy = trainer._lazy
         observed["lazy_values"] = {str(r): v for r, v in sorted(lazy.values.items())}

@@ -62,7 +62,8 @@ def assert_same_run(one: Path, two: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("trainer,port", [("erpo", 29621), ("apo", 29623), ("dph", 29625), ("eepo", 29627),
-                                          ("composed", 29629), ("composed_ds", 29631), ("apo_lazy", 29633)])
+                                          ("composed", 29629), ("composed_ds", 29631), ("apo_lazy", 29633),
+                                          ("dapo_stream", 29635)])
 def test_two_processes_train_as_one(tmp_path, trainer, port):
     launch(1, trainer, tmp_path / "one", port)
     launch(2, trainer, tmp_path / "two", port + 1)
@@ -71,6 +72,13 @@ def test_two_processes_train_as_one(tmp_path, trainer, port):
         ranks = [json.loads((tmp_path / "two" / f"rank{r}.json").read_text()) for r in (0, 1)]
         digests = [r["rollout_model_digests"] for r in ranks]
         assert len(digests[0]) == 3 and digests[0] == digests[1]  # every rank sampled stage 2 from the same model
+    if trainer == "dapo_stream":  # every rank read the refill stream as far as the single process did
+        ranks = [json.loads((tmp_path / d / f"rank{r}.json").read_text()) for d, r in (("one", 0), ("two", 0),
+                                                                                        ("two", 1))]
+        assert ranks[0]["refill_pos"] == ranks[1]["refill_pos"] == ranks[2]["refill_pos"] > 0
+        rounds = [h["dynamic_sampling/rounds"] for h in json.loads((tmp_path / "one" / "log_history.json").read_text())
+                  if "dynamic_sampling/rounds" in h]
+        assert rounds and max(rounds) > 1  # groups were dropped and refilled: the comparison covers the refill
     if trainer == "apo_lazy":  # the lazy stage 1 valued the same prompts, with the same values, at the same steps
         runs = [json.loads((tmp_path / d / f"rank{r}.json").read_text()) for d, r in (("one", 0), ("two", 0),
                                                                                        ("two", 1))]

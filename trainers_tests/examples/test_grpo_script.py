@@ -246,7 +246,7 @@ def test_offline_reward_model_scores_exactly_as_grpo_trainer(reward_model_path, 
     from trl import GRPOConfig, GRPOTrainer
 
     from trl_variants import accuracy_reward
-    from trl_variants._common import callable_reward_funcs
+    from trl_variants._offline import callable_reward_funcs
 
     trainer = GRPOTrainer(model=DEFAULT_MODEL_PATH, reward_funcs=[reward_model_path, accuracy_reward],
                           args=small_config(GRPOConfig, tmp_path), train_dataset=train_dataset(8))
@@ -270,7 +270,7 @@ def test_reward_model_is_refused_in_a_sharded_offline_pass(reward_model_path):
 
     from transformers import AutoModelForSequenceClassification
 
-    from trl_variants._common import callable_reward_funcs
+    from trl_variants._offline import callable_reward_funcs
 
     model = AutoModelForSequenceClassification.from_pretrained(reward_model_path, num_labels=1)
     fake = SimpleNamespace(reward_funcs=[model], reward_processing_classes=[None],

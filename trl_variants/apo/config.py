@@ -78,19 +78,23 @@ class APOConfig(GRPOConfig):
         presample_shard_size (`int`, defaults to `64`): prompts per shard of stage 1 (its unit of caching, resume and
             work sharing, and of the lazy pass below). Part of the fixed layout and cache key: a shard's prompts are
             sampled together from one seed, so another size gives other (equally valid) reference samples.
-        lazy_value_pass (`bool`, defaults to `False`): the lazy stage 1. Nothing is sampled in ``__init__``; during
+        lazy_value_pass (`bool` or `None`, defaults to `None`): the lazy stage 1. ``None``: lazy when it is safe (none
+            of the refusals below applies) and saves work (the run reaches fewer stage-1 shards than the dataset
+            has), else the full pass; ``True``: lazy (refused where unsafe); ``False``: the full pass, in
+            ``__init__``. Lazily, nothing is sampled in ``__init__``; during
             training, before a generation batch uses a prompt whose value is not known, every process computes
             together the stage-1 shards holding that prompt and the next ``lazy_value_chunk_size`` prompts in the
             order the (seeded) train sampler will ask for them. A short run pays only for the shards it reaches.
             Each shard is the full pass's own computation (same seed, batches and cache entry), so the values are
             exactly the full pass's, 1 or N processes, and a restarted run or a later full pass reuses the cached
             shards. With a shuffled dataset a run reaches prompts all over it: a small ``presample_shard_size``
-            (1 for exactly the prompts reached) makes the pass follow the run closely. Off by default. Refused
+            (1 for exactly the prompts reached) makes the pass follow the run closely. ``True`` is refused
             where it is not safe: with ``filter_all_incorrect`` (dropping prompts needs every value before the
             sampler is built), with ``use_vllm`` (after the first update the engine holds the policy, not the
             reference), with a streaming dataset (no sampler order) and with ZeRO-3 / FSDP (no unsharded
             reference to sample mid-training). A prompt without a value estimate (no reference sample got a
-            reward) stops training with an error: the full pass leaves such prompts out before training. Only
+            reward) is left out of the loss, with a warning and the metric ``apo/unvalued_fraction`` (the full pass
+            leaves such prompts out of the dataset before training). Only
             A*-PO has this option: DPH-RL's split and ERPO's dataset-mean query weights need every prompt before
             training.
         lazy_value_chunk_size (`int`, defaults to `64`): prompts (in sampler order) the lazy pass values ahead of
@@ -110,9 +114,10 @@ class APOConfig(GRPOConfig):
         default=64, metadata={"help": "Sequences per generate call in stage 1 (fixed layout)."})
     presample_shard_size: int = field(
         default=64, metadata={"help": "Prompts per stage-1 shard (cache, resume and lazy unit; fixed layout)."})
-    lazy_value_pass: bool = field(
-        default=False, metadata={"help": "Lazy stage 1: value only the prompts the run reaches, in sampler order, "
-                                         "ahead of need (same values as the full pass)."})
+    lazy_value_pass: bool | None = field(
+        default=None, metadata={"help": "Lazy stage 1: value only the prompts the run reaches, in sampler order, "
+                                        "ahead of need (same values as the full pass). None (default): when it is "
+                                        "safe and saves work; True: always (refused where unsafe); False: never."})
     lazy_value_chunk_size: int = field(
         default=64, metadata={"help": "Prompts the lazy stage 1 values ahead of need each time it runs."})
 

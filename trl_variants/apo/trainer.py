@@ -3,8 +3,9 @@
 
 1. Stage 1 (once, cached, before training): N reference samples per prompt, their rewards and
    ``V_hat(x) = beta1 log mean exp(r / beta1)`` (``trl_variants.presample``). A dataset made by ``trl-variants
-   presample`` (with ``ref_value``) is used as is. With ``lazy_value_pass`` the same shards are computed during
-   training, only those the run reaches, in the sampler's order, ahead of need (:class:`LazyValues`).
+   presample`` (with ``ref_value``) is used as is. Lazily (``lazy_value_pass``; by default when it is safe and
+   saves work) the same shards are computed during training, only those the run reaches, in the sampler's order,
+   ahead of need (:class:`LazyValues`).
 2. Stage 2, each step: one completion per prompt from the current policy (GRPO's generation and reward functions),
    target ``r - V_hat(x)``, loss ``mean (beta2 * sum_t [log pi - log pi_ref] - (r - V_hat))^2``.
 The reference is the frozen starting policy: loaded from the model's path, the disabled adapter with PEFT, or a copy
@@ -27,23 +28,18 @@ from .. import losses
 from .._card import ModelCardMixin
 from .._checkpoint import CheckpointStateMixin
 from .._citations import APO, paper
-from .._common import (
-    EvalDatasetMixin,
-    FiniteLossMixin,
+from .._data import is_stream, run_on_rows
+from .._model import frozen_copy_of_policy, full_parameters, is_peft_model, params_sharded
+from .._offline import (
     OfflinePassLogMixin,
     callable_reward_funcs,
     check_presampled_model,
     check_prompt_ids,
-    full_parameters,
-    is_peft_model,
-    params_sharded,
     refuse_offline_sampling,
-    resolve_config,
     sampling_options,
     trainer_prompt_ids,
 )
-from .._data import is_stream, run_on_rows
-from .._reference import frozen_copy_of_policy
+from .._trainer import EvalDatasetMixin, FiniteLossMixin, resolve_config
 from .._validation import (
     check_model_paths,
     check_presampled_columns,
@@ -75,6 +71,7 @@ class LazyValues:
         self.done: list[int] = []  # shards, in the order they were computed
         self.steps: list[int] = []  # global step at which each chunk ran
         self.seconds = 0.0
+        self.unvalued: set[int] = set()  # rows met without a value estimate (warned about once each)
 
     def plan(self, needed) -> list[int]:
         """The shards to compute so that every row in ``needed`` has a value: theirs, then those of the next
@@ -149,7 +146,7 @@ class APOTrainer(CheckpointStateMixin, ModelCardMixin, FiniteLossMixin, OfflineP
             self.ref_model = frozen_copy_of_policy(self)
         self._lazy = None
         with self.offline_pass():  # a stream is read once, in full, then streams with its values looked up
-            if args.lazy_value_pass and "ref_value" not in (train_dataset.column_names or []):
+            if self._runs_lazily(train_dataset):
                 self.train_dataset = self._lazy_setup(train_dataset)
             else:
                 self.train_dataset = run_on_rows(train_dataset, self._with_values, ["ref_value"],
@@ -244,7 +241,25 @@ class APOTrainer(CheckpointStateMixin, ModelCardMixin, FiniteLossMixin, OfflineP
         self.defer_log({"num_prompts_kept": len(dataset)})
         return dataset
 
-    # ------------------------------------------------------------------------------ lazy stage 1 (option) ---
+    # ------------------------------------------------------------------------------------ lazy stage 1 ---
+    def _runs_lazily(self, dataset) -> bool:
+        """Whether stage 1 runs lazily. ``lazy_value_pass=True``: yes (refused in :meth:`_lazy_setup` where it is not
+        safe); ``False``: no; ``None`` (default): when it is safe (none of the refusals applies, and there is a frozen
+        reference to sample after the first update) and saves work: the run reaches fewer stage-1 shards than the
+        dataset has. A dataset that already has ``ref_value`` is used as is."""
+        args = self.args
+        if args.lazy_value_pass is False or "ref_value" in (dataset.column_names or []):
+            return False
+        if args.lazy_value_pass:
+            return True
+        if (args.filter_all_incorrect or args.use_vllm or is_stream(dataset) or params_sharded(self)
+                or LAZY_ROW in dataset.column_names):
+            return False
+        if self.ref_model is None and not is_peft_model(self.accelerator.unwrap_model(self.model)):
+            return False  # nothing to sample the reference from after the first update
+        shard = args.presample_shard_size
+        return len({r // shard for r in self._sampler_order(dataset)}) < math.ceil(len(dataset) / shard)
+
     def _lazy_setup(self, dataset):
         """``lazy_value_pass``: nothing sampled now; the training rows gain their index (:data:`LAZY_ROW`) and the
         order in which the sampler will ask for them is worked out (the sampler is seeded)."""
@@ -307,11 +322,14 @@ class APOTrainer(CheckpointStateMixin, ModelCardMixin, FiniteLossMixin, OfflineP
             lazy.add(shards, chunk, self.state.global_step, time.perf_counter() - start)
             self.defer_log(lazy.metrics(self.args.correctness_threshold))
         no_value = sorted({r for r in every if not math.isfinite(lazy.values[r])})
-        if no_value:  # the same on every process: all stop together
-            raise ValueError(f"A*-PO's lazy stage 1: {len(no_value)} prompts have no value estimate (none of their "
-                             f"{self.args.num_value_samples} reference samples got a reward, e.g. row {no_value[0]}). "
-                             "The full pass leaves such prompts out before training: set lazy_value_pass=False, or "
-                             "remove them from the dataset")
+        new = [r for r in no_value if r not in lazy.unvalued]
+        if new:  # the same on every process
+            lazy.unvalued.update(new)
+            warnings.warn(f"A*-PO's lazy stage 1: {len(new)} more prompts have no value estimate (none of their "
+                          f"{self.args.num_value_samples} reference samples got a reward, e.g. row {new[0]}); their "
+                          f"rows are left out of the loss (the full pass leaves them out of the dataset). "
+                          f"{len(lazy.unvalued)} so far", stacklevel=2)
+        self._unvalued_in_batch = bool(no_value)  # all processes agree: the loss masks (and logs) them together
         return [{**x, "ref_value": lazy.values[x[LAZY_ROW]]} for x in inputs]
 
     def _reference_weights(self):
@@ -331,6 +349,7 @@ class APOTrainer(CheckpointStateMixin, ModelCardMixin, FiniteLossMixin, OfflineP
         return self._rewards_per_func
 
     def _generate_and_score_completions(self, inputs):
+        self._unvalued_in_batch = False
         if self._lazy is not None and inputs and LAZY_ROW in inputs[0]:
             inputs = self._lazy_values(inputs)
         output = super()._generate_and_score_completions(inputs)
@@ -344,6 +363,10 @@ class APOTrainer(CheckpointStateMixin, ModelCardMixin, FiniteLossMixin, OfflineP
                           f"{sorted(set(rewards.tolist()))[:5]}", stacklevel=2)
             self._warned_non_binary = True
         values = torch.tensor([x["ref_value"] for x in inputs], dtype=rewards.dtype, device=device)
+        if self._unvalued_in_batch:  # lazy stage 1: rows without a value estimate are masked out of the loss
+            valued = torch.isfinite(values)
+            output["apo_valued"] = valued.to(rewards.dtype)
+            values = torch.where(valued, values, rewards)  # a finite target; the mask removes the row
         output["apo_rewards"], output["apo_values"] = rewards, values
         output["advantages"] = rewards - values  # the regression target r - V_hat(x)
         return output
@@ -357,10 +380,13 @@ class APOTrainer(CheckpointStateMixin, ModelCardMixin, FiniteLossMixin, OfflineP
             model, ids, attn, inputs["completion_ids"].size(1), compute_entropy=bonus,
             compute_aux_loss=self.aux_loss_enabled)
         seq_log_ratio = ((logps - inputs["ref_per_token_logps"]) * mask).sum(-1)
-        loss = losses.apo_loss(seq_log_ratio, inputs["apo_rewards"], inputs["apo_values"], self.beta)
+        valued = inputs.get("apo_valued")
+        loss = losses.apo_loss(seq_log_ratio, inputs["apo_rewards"], inputs["apo_values"], self.beta, mask=valued)
         mode = "train" if self.model.training else "eval"
         metrics, gather = self._metrics[mode], self.accelerator.gather
         metrics["apo/regression_loss"].append(gather(loss.detach()).mean().item())
+        if valued is not None:  # present on every process or on none (_lazy_values)
+            metrics["apo/unvalued_fraction"].append(1.0 - gather(valued).mean().item())
         if bonus:
             entropy = (entropies * mask).sum() / mask.sum().clamp(min=1.0)
             loss = loss - self.args.entropy_coef * entropy

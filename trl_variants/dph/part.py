@@ -21,18 +21,16 @@ from contextlib import contextmanager
 import torch
 
 from .. import losses
-from .._common import (
+from .._data import is_stream, read_stream, stream_with_columns
+from .._model import frozen_copy_of_policy, full_parameters, is_peft_model
+from .._offline import (
     callable_reward_funcs,
     check_presampled_model,
     check_prompt_ids,
-    full_parameters,
-    is_peft_model,
     refuse_offline_sampling,
     sampling_options,
     trainer_prompt_ids,
 )
-from .._data import is_stream, read_stream, stream_with_columns
-from .._reference import frozen_copy_of_policy
 from .._validation import check_presampled_columns, check_stored_columns
 from ..generation import pack_prompt_completion
 from ..parts import Part

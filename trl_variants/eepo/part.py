@@ -25,7 +25,7 @@ import torch
 from trl.trainer.utils import nanmax, nanmin
 
 from .. import losses
-from .._common import params_sharded
+from .._model import params_sharded
 from ..parts import Part
 from .losses import vllm_importance_sampling_ratio
 

@@ -15,8 +15,9 @@ from __future__ import annotations
 import torch
 
 from .. import losses
-from .._common import check_presampled_model, check_prompt_ids, full_parameters, trainer_prompt_ids
 from .._data import run_on_rows
+from .._model import full_parameters
+from .._offline import check_presampled_model, check_prompt_ids, trainer_prompt_ids
 from .._validation import check_finite_column
 from ..parts import Part
 from ..presample import check_presample_options

@@ -31,7 +31,7 @@ def add_reference_prompt_logps(
     term). Under an ``accelerator`` with several processes each computes a contiguous shard and the results are
     gathered in the original order. ``tokenize_fn``: a trainer's own tokenization, called with the dataset's rows
     (dicts): with ``environment_factory`` a prompt is the row's prompt plus the observation ``reset(**row)`` returns
-    (:func:`trl_variants._common.trainer_prompt_ids`)."""
+    (:func:`trl_variants._offline.trainer_prompt_ids`)."""
     from accelerate.utils import gather_object
     from tqdm.auto import tqdm
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from .._common import is_peft_model
+from .._model import is_peft_model
 from .config import PresampleConfig
 from .reward_calls import reward_fingerprint, reward_name
 

@@ -1,4 +1,4 @@
-"""The offline pass as the trainers run it (``trl_variants._common``): it scores exactly the prompt ids the trainer
+"""The offline pass as the trainers run it (``trl_variants._offline``): it scores exactly the prompt ids the trainer
 trains on, samples with exactly the trainer's sampling options, and refuses presampled data made otherwise."""
 
 import pytest

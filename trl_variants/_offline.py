@@ -1,5 +1,6 @@
-"""Small helpers shared by the four trainers: config resolution, the offline pass as a trainer runs it (and its
-numbers, logged once the trackers run), full parameters under ZeRO-3, and the stop on a non-finite loss."""
+"""The offline pass as a trainer runs it: the prompt ids it generates from (chat template, tools, environments),
+its sampling options and reward functions in the pass's terms, the checks of a presampled dataset against the
+trainer, and the pass's numbers, logged once the trackers run. The pass itself is :mod:`trl_variants.presample`."""
 
 from __future__ import annotations
 
@@ -8,20 +9,9 @@ from contextlib import contextmanager
 
 import torch
 
-
-def resolve_config(model, args, config_cls, suffix: str):
-    """``args`` checked to be a ``config_cls``; when None, a default one named ``<model name>-<suffix>`` (as TRL does
-    for GRPOTrainer)."""
-    if args is None:
-        name = model if isinstance(model, str) else model.config._name_or_path
-        return config_cls(f"{str(name).rstrip('/').split('/')[-1]}-{suffix}")
-    if not isinstance(args, config_cls):
-        raise TypeError(f"args must be a {config_cls.__name__}, got {type(args).__name__}: build one with "
-                        f"{config_cls.__name__}(...)")
-    return args
+from ._model import full_parameters, params_sharded
 
 
-# --------------------------------------------------------------------------- the offline pass, as a trainer runs it ---
 def trainer_prompt_ids(trainer, rows) -> list[list[int]]:
     """The prompt token ids ``trainer`` generates from for each of ``rows``: its own tokenization (chat template,
     ``chat_template_kwargs``, tools), so an offline pass that uses it stores exactly the ids the trainer will see.
@@ -144,20 +134,6 @@ def sampling_options(trainer) -> dict:
                 generation_kwargs=trainer.args.generation_kwargs or None)
 
 
-def is_peft_model(model) -> bool:
-    """Whether ``model`` (unwrapped: a trainer's ``accelerator.unwrap_model(trainer.model)``) is a PEFT model,
-    adapters on a base model: its reference policy is then the base model, the adapters disabled."""
-    from peft import PeftModel
-
-    return isinstance(model, PeftModel)
-
-
-def params_sharded(trainer) -> bool:
-    """Whether the trainer's parameters are partitioned over processes once prepared (DeepSpeed ZeRO-3 or FSDP)."""
-    plugin = getattr(trainer.accelerator.state, "deepspeed_plugin", None)
-    return trainer.is_fsdp_enabled or (trainer.is_deepspeed_enabled and plugin is not None and plugin.zero_stage == 3)
-
-
 def callable_reward_funcs(trainer, who: str) -> list:
     """``trainer``'s reward functions as its offline pass calls them: each reward model wrapped with its tokenizer
     (scored as GRPOTrainer scores it). Refused when a reward model is sharded (ZeRO-3, FSDP): every process runs its
@@ -170,23 +146,6 @@ def callable_reward_funcs(trainer, who: str) -> list:
                          "first with `trl-variants presample --reward_model_name_or_path ...` (each process loads "
                          "the whole reward model) and train on its output, or use ZeRO-2 / DDP")
     return wrap_reward_models(trainer.reward_funcs, trainer.reward_processing_classes, trainer.chat_template_kwargs)
-
-
-def full_parameters(trainer, params=None):
-    """Context in which ``trainer.model`` holds its full parameters on every process: under DeepSpeed ZeRO-3 they are
-    partitioned from the moment the model is loaded, so the offline passes (run in ``__init__``, before the model is
-    prepared) gather them with DeepSpeed's ``zero.GatheredParameters`` (read-only: no process writes them back).
-    Every other setup already holds full parameters at that point; FSDP shards them only in ``prepare``.
-    ``params``: gather only these (e.g. one at a time, to read a sample of each)."""
-    from contextlib import nullcontext
-
-    plugin = getattr(trainer.accelerator.state, "deepspeed_plugin", None)
-    if not trainer.is_deepspeed_enabled or plugin is None or plugin.zero_stage != 3:
-        return nullcontext()
-    import deepspeed
-
-    params = list(trainer.model.parameters()) if params is None else list(params)
-    return deepspeed.zero.GatheredParameters(params, modifier_rank=None)
 
 
 def check_presampled_model(trainer, dataset) -> None:
@@ -231,45 +190,3 @@ class OfflinePassLogMixin:
             logs.update(self._offline_logs)
             self._offline_logs = None
         return super().log(logs, start_time)
-
-
-class EvalDatasetMixin:
-    """Per-prompt columns a trainer's loss reads (a reference quantity), added to every evaluation dataset: those
-    given at construction (:meth:`prepare_eval_datasets`, called in ``__init__``) and those passed later to
-    ``evaluate(eval_dataset=...)``, a dict of them included. Mix in before ``GRPOTrainer``; the trainer defines
-    :meth:`_with_eval_columns` (one dataset in, the same rows with the columns out)."""
-
-    def _with_eval_columns(self, dataset):
-        raise NotImplementedError
-
-    def _eval_datasets_with_columns(self, datasets):
-        if datasets is None or isinstance(datasets, str):  # a str names one of self.eval_dataset's, already done
-            return datasets
-        if isinstance(datasets, dict):
-            return {name: self._with_eval_columns(d) for name, d in datasets.items()}
-        return self._with_eval_columns(datasets)
-
-    def prepare_eval_datasets(self) -> None:
-        self.eval_dataset = self._eval_datasets_with_columns(self.eval_dataset)
-
-    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval"):
-        return super().evaluate(self._eval_datasets_with_columns(eval_dataset), ignore_keys, metric_key_prefix)
-
-
-class FiniteLossMixin:
-    """Stop training at the first non-finite loss, before the optimizer applies its gradients. transformers logs such a
-    loss as 0 (``logging_nan_inf_filter``) while the update turns every weight into NaN; here every process learns of
-    it (one flag summed over processes), so all stop at the same micro-step."""
-
-    def training_step(self, model, inputs, num_items_in_batch=None):
-        loss = super().training_step(model, inputs, num_items_in_batch)
-        bad = (~torch.isfinite(loss.detach())).float().reshape(1)
-        if self.accelerator.num_processes > 1:
-            bad = self.accelerator.reduce(bad, "sum")
-        if bad.item() > 0:
-            raise FloatingPointError(
-                f"{type(self).__name__}: the loss is {loss.item()} at optimizer step {self.state.global_step + 1} "
-                f"(on {int(bad.item())} process(es)); training stops before the update would make the weights "
-                "non-finite. Look at the last logged rewards and advantages, lower learning_rate, or resume from the "
-                "last checkpoint")
-        return loss

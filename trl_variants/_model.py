@@ -1,0 +1,56 @@
+"""The policy's weights as the trainers see them: PEFT or not, sharded (ZeRO-3 / FSDP) or not, gathered in full
+for a pass before training, and the frozen starting policy as a reference model.
+
+GRPOTrainer builds its reference by reloading ``config._name_or_path``: right for a model passed by path, wrong for
+an in-memory model that was edited after loading (or built from a config). Trainers that need a live reference for a
+model object use :func:`frozen_copy_of_policy` instead.
+"""
+
+from __future__ import annotations
+
+from trl.trainer.utils import add_fused_lm_head
+
+
+def is_peft_model(model) -> bool:
+    """Whether ``model`` (unwrapped: a trainer's ``accelerator.unwrap_model(trainer.model)``) is a PEFT model,
+    adapters on a base model: its reference policy is then the base model, the adapters disabled."""
+    from peft import PeftModel
+
+    return isinstance(model, PeftModel)
+
+
+def params_sharded(trainer) -> bool:
+    """Whether the trainer's parameters are partitioned over processes once prepared (DeepSpeed ZeRO-3 or FSDP)."""
+    plugin = getattr(trainer.accelerator.state, "deepspeed_plugin", None)
+    return trainer.is_fsdp_enabled or (trainer.is_deepspeed_enabled and plugin is not None and plugin.zero_stage == 3)
+
+
+def full_parameters(trainer, params=None):
+    """Context in which ``trainer.model`` holds its full parameters on every process: under DeepSpeed ZeRO-3 they are
+    partitioned from the moment the model is loaded, so the offline passes (run in ``__init__``, before the model is
+    prepared) gather them with DeepSpeed's ``zero.GatheredParameters`` (read-only: no process writes them back).
+    Every other setup already holds full parameters at that point; FSDP shards them only in ``prepare``.
+    ``params``: gather only these (e.g. one at a time, to read a sample of each)."""
+    from contextlib import nullcontext
+
+    plugin = getattr(trainer.accelerator.state, "deepspeed_plugin", None)
+    if not trainer.is_deepspeed_enabled or plugin is None or plugin.zero_stage != 3:
+        return nullcontext()
+    import deepspeed
+
+    params = list(trainer.model.parameters()) if params is None else list(params)
+    return deepspeed.zero.GatheredParameters(params, modifier_rank=None)
+
+
+def frozen_copy_of_policy(trainer):
+    """A frozen, evaluation-mode copy of ``trainer``'s current policy weights, with GRPO's fused LM head at the
+    trainer's temperature, prepared by the accelerator. Call it in ``__init__``, before any update."""
+    if params_sharded(trainer):
+        raise ValueError("with ZeRO-3 / FSDP pass the model as a path: the reference is then loaded from it")
+    policy = trainer.accelerator.unwrap_model(trainer.model)
+    # A deepcopy would keep calling the ORIGINAL model's patched forward: rebuild from the config instead.
+    ref = type(policy)(policy.config).to(device=policy.device, dtype=policy.dtype)
+    ref.load_state_dict(policy.state_dict())
+    ref.eval().requires_grad_(False)
+    add_fused_lm_head(ref, temperature=trainer.temperature, cast_lm_head_to_fp32=trainer.args.cast_lm_head_to_fp32)
+    return trainer.accelerator.prepare_model(ref, evaluation_mode=True)
