@@ -436,8 +436,8 @@ def regime_rows(args) -> list[str]:
         epochs = args.steps * per_step / args.train_prompts
         offline = OFFLINE_PASS.get(method)
         if method == "apo" and args.lazy_value_pass:
-            offline = (f"stage 1, lazy: V_hat only for the shards of {args.apo_shard_size} prompts the run "
-                       "reaches")
+            shard = "the prompts" if args.apo_shard_size == 1 else f"the shards of {args.apo_shard_size} prompts"
+            offline = f"stage 1, lazy: V_hat only for {shard} the run reaches"
         timed = "training" + (f" + offline pass ({offline})" if offline else "")
         rows.append(f"| {LABELS[method]} | {g} | {per_step} | {epochs:.2f} | {timed} |")
     return rows

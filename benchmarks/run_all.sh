@@ -34,6 +34,9 @@ $PY benchmarks/replicate.py --seeds 0 --methods grpo --steps 600 --temperatures 
 # A*-PO: the paper's regime, 25 epochs over a fixed prompt set, equal prompts per step, GRPO with G = 2
 $PY benchmarks/replicate.py --methods grpo apo --G 2 --apo_batch 16 --train_prompts 128 --steps 200 --k 8 \
     --temperatures 1.0 --work_dir outputs/replication_apo_regime --out results/replication_apo_regime
+# A*-PO on the main 200-step setting with the lazy stage 1 (only the prompts reached), at GRPO's prompts per step
+$PY benchmarks/replicate.py --methods grpo apo --apo_batch 4 --apo_shard_size 1 --lazy_value_pass \
+    --work_dir outputs/replication_apo_lazy --out results/replication_apo_lazy
 # DPH-RL, EEPO and ERPO + DPH-RL composed: the hard held-out split (chosen from the base's samples first), k = 64,
 # held-out entropy during training
 $PY benchmarks/heldout_split.py
