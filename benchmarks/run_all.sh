@@ -42,6 +42,8 @@ $PY benchmarks/replicate.py --methods grpo apo --apo_batch 4 --apo_shard_size 1 
 $PY benchmarks/heldout_split.py
 $PY benchmarks/replicate.py --methods grpo eepo dph composed --split hard --k 64 --temperatures 1.0 --entropy_every 50 \
     --work_dir outputs/replication_hard_split --out results/replication_hard_split
+# DPH-RL's premise beyond the training levels (a one-seed probe on the hard-split study's models)
+$PY benchmarks/probe_beyond_levels.py
 if [ "${1:-}" = "--extended" ] || [ "${1:-}" = "--medium" ]; then
   $PY benchmarks/bench_trainers.py --model medium --variants grpo_beta0 grpo_beta erpo eepo dph grpo_g2 apo a2po \
       --reps 2 --steps 4 --warmup 2 --out results/benchmarks/benchmarks_medium
