@@ -121,15 +121,15 @@ def test_apo_loss_hand_computed():
     assert loss.item() == pytest.approx(((0.1 - 0.5) ** 2 + (-0.2 + 0.25) ** 2) / 2)
 
 
-def test_apo_loss_mask_leaves_rows_out():
-    # the mean over the kept rows only; nothing kept: 0, and the gradient is 0 (the row is out of the loss)
+def test_apo_loss_weights_leave_rows_out():
+    # sum_i w_i square_i; weight 0 leaves a row out, NaN included, and its gradient is 0
     ratio = torch.tensor([10.0, -20.0, 5.0], requires_grad=True)
-    rewards, values = torch.tensor([1.0, 0.0, 1.0]), torch.tensor([0.5, 0.25, 1.0])
-    loss = losses.apo_loss(ratio, rewards, values, 1e-2, mask=torch.tensor([1.0, 0.0, 1.0]))
+    rewards, values = torch.tensor([1.0, 0.0, 1.0]), torch.tensor([0.5, math.nan, 1.0])
+    loss = losses.apo_loss(ratio, rewards, values, 1e-2, weights=torch.tensor([0.5, 0.0, 0.5]))
     assert loss.item() == pytest.approx(((0.1 - 0.5) ** 2 + (0.05 - 0.0) ** 2) / 2)
     loss.backward()
     assert ratio.grad[1].item() == 0.0 and ratio.grad[0].item() != 0.0
-    none = losses.apo_loss(ratio, rewards, values, 1e-2, mask=torch.zeros(3))
+    none = losses.apo_loss(ratio, rewards, values, 1e-2, weights=torch.zeros(3))
     assert none.item() == 0.0
 
 

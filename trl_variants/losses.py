@@ -161,17 +161,19 @@ def optimal_value(rewards: torch.Tensor, beta: float) -> torch.Tensor:
 
 
 def apo_loss(seq_log_ratio: torch.Tensor, rewards: torch.Tensor, values: torch.Tensor, beta: float,
-             mask: torch.Tensor | None = None):
+             weights: torch.Tensor | None = None):
     """A*-PO stage-2 regression loss: ``mean_batch ( beta * log(pi/pi_ref)(y|x) - (r - V_hat(x)) )^2``.
 
     ``seq_log_ratio`` is the sequence log-ratio (sum over completion tokens). No clipping, no normalisation.
-    ``mask`` (optional, 1 = in the loss) leaves rows out: the mean is over the rows kept, 0 when none is kept (the
-    lazy stage 1's prompts without a value estimate, which the full pass leaves out of the dataset).
+    ``weights`` (optional): the loss is ``sum_i w_i * square_i`` instead of the mean, and a row of weight 0 is left
+    out (its square never enters, NaN included). The lazy stage 1 leaves out prompts without a value estimate this
+    way (the full pass leaves them out of the dataset), with ``w = 1 / (rows kept per micro-batch)``.
     """
-    squared = (beta * seq_log_ratio - (rewards - values)) ** 2
-    if mask is None:
-        return squared.mean()
-    return (squared * mask).sum() / mask.sum().clamp(min=1.0)
+    residual = beta * seq_log_ratio - (rewards - values)
+    if weights is None:
+        return (residual**2).mean()
+    residual = torch.where(weights > 0, residual, torch.zeros_like(residual))  # before squaring: no NaN gradient
+    return (residual**2 * weights).sum()
 
 
 def __getattr__(name: str):

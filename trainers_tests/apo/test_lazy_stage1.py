@@ -8,7 +8,7 @@ import pytest
 import torch
 from datasets import IterableDataset
 
-from trl_variants import APOConfig, APOTrainer, accuracy_reward
+from trl_variants import APOConfig, APOTrainer, accuracy_reward, losses
 from trl_variants.apo.trainer import LAZY_ROW
 from trl_variants.presample import PresampleConfig, presample
 from trl_variants.presample import runner as ps
@@ -37,7 +37,6 @@ def _count_shards(monkeypatch):
 
     monkeypatch.setattr(ps, "_process_shard", counted)
     return calls
-
 
 
 def _watch_reached(trainer) -> list:
@@ -155,10 +154,10 @@ def test_default_full_pass_where_lazy_is_unsafe(tmp_path):
     assert streamed._lazy is None  # read once, in full, as before
 
 
-def test_lazy_prompt_without_value_is_left_out_of_the_loss(tmp_path):
+def test_lazy_prompt_without_value_is_left_out_of_the_loss(tmp_path, monkeypatch):
     """A prompt none of whose reference samples got a reward has no V_hat: the full pass leaves it out of the
-    dataset; the lazy pass masks its rows out of the loss (warning, ``apo/unvalued_fraction``). With every prompt
-    unscored the loss is 0 and the weights do not move (bit-exact); with some, training goes on."""
+    dataset; the lazy pass gives its rows weight 0 in the loss (warning, ``apo/unvalued_fraction``), the others
+    1 / (valued rows per micro-batch). When no prompt valued so far has a value, it stops as the full pass does."""
     def no_reward(completions, **kwargs):
         return [None] * len(completions)
 
@@ -169,13 +168,9 @@ def test_lazy_prompt_without_value_is_left_out_of_the_loss(tmp_path):
 
     trainer = APOTrainer(model=DEFAULT_MODEL_PATH, reward_funcs=[no_reward], args=args("none"),
                          train_dataset=train_dataset(8))
-    before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
-    with pytest.warns(UserWarning, match="left out of the loss"):
+    with pytest.warns(UserWarning), pytest.raises(ValueError, match="no prompt has a value estimate"):
         trainer.train()
-    assert all(math.isnan(v) for v in trainer._lazy.values.values()) and len(trainer._lazy.unvalued) == 8
-    assert all(torch.equal(before[k], v) for k, v in trainer.model.state_dict().items())
-    logged = [h for h in trainer.state.log_history if "apo/unvalued_fraction" in h]
-    assert logged and all(h["apo/unvalued_fraction"] == 1.0 and h["apo/regression_loss"] == 0.0 for h in logged)
+    assert trainer._lazy.values and all(math.isnan(v) for v in trainer._lazy.values.values())
 
     data = train_dataset(8)
     scored = {str(p) for p in data["prompt"][:4]}
@@ -184,6 +179,15 @@ def test_lazy_prompt_without_value_is_left_out_of_the_loss(tmp_path):
         return [float(len(str(c)) % 2) if str(p) in scored else None
                 for p, c in zip(prompts, completions, strict=True)]
 
+    calls = []
+    apo_loss = losses.apo_loss
+
+    def recorded(seq_log_ratio, rewards, values, beta, weights=None):
+        loss = apo_loss(seq_log_ratio, rewards, values, beta, weights=weights)
+        calls.append((seq_log_ratio.detach(), rewards, values, beta, weights, loss.detach()))
+        return loss
+
+    monkeypatch.setattr(losses, "apo_loss", recorded)
     trainer = APOTrainer(model=DEFAULT_MODEL_PATH, reward_funcs=[some_reward],
                          args=args("some", max_steps=4, check_binary_rewards=False), train_dataset=data)
     reached = _watch_reached(trainer)
@@ -193,6 +197,31 @@ def test_lazy_prompt_without_value_is_left_out_of_the_loss(tmp_path):
     unvalued = {r for r, v in trainer._lazy.values.items() if not math.isfinite(v)}
     assert unvalued == trainer._lazy.unvalued == set(range(4, 8))
     assert any(not torch.equal(before[k], v) for k, v in trainer.model.state_dict().items())
-    per_step = [sum(r >= 4 for r in reached[i:i + 4]) / 4 for i in range(0, len(reached), 4)]
+    per_step = [sum(r >= 4 for r in reached[i:i + 4]) for i in range(0, len(reached), 4)]
     logged = [h.get("apo/unvalued_fraction", 0.0) for h in trainer.state.log_history if "loss" in h]
-    assert len(per_step) == 4 and logged == per_step and 0 < sum(per_step) < 4
+    assert len(per_step) == len(calls) == 4 and logged == [n / 4 for n in per_step] and 0 < sum(per_step) < 16
+    for (ratio, rewards, values, beta, weights, loss), n_unvalued in zip(calls, per_step, strict=True):
+        if n_unvalued == 0:  # no row left out: GRPO-style mean, no weights
+            assert weights is None
+            continue
+        kept = weights > 0
+        assert int((~kept).sum()) == n_unvalued
+        if n_unvalued < 4:  # by hand: the mean of the squares over the valued rows only
+            assert torch.allclose(weights[kept], torch.full_like(weights[kept], 1 / (4 - n_unvalued)))
+            squares = (beta * ratio - (rewards - values)) ** 2
+            assert loss.item() == pytest.approx(squares[kept].mean().item(), rel=1e-6)
+        else:
+            assert loss.item() == 0.0
+
+
+
+@pytest.mark.parametrize("kw", [dict(gradient_accumulation_steps=2), dict(num_iterations=2, steps_per_generation=2),
+                                dict(shuffle_dataset=False, max_steps=3), dict(max_steps=-1, num_train_epochs=2)],
+                         ids=["accumulation", "iterations", "in_order", "epochs"])
+def test_sampler_order_is_the_order_the_run_asks_for(tmp_path, kw):
+    """The look-ahead follows the rows the run really asks for, in their order of first use."""
+    dataset = train_dataset(12) if "num_train_epochs" in kw else None
+    trainer = _apo(tmp_path, tmp_path / "cache", lazy=True, dataset=dataset, **kw)
+    reached = _watch_reached(trainer)
+    trainer.train()
+    assert list(dict.fromkeys(reached)) == trainer._lazy.order

@@ -79,9 +79,10 @@ class APOConfig(GRPOConfig):
             work sharing, and of the lazy pass below). Part of the fixed layout and cache key: a shard's prompts are
             sampled together from one seed, so another size gives other (equally valid) reference samples.
         lazy_value_pass (`bool` or `None`, defaults to `None`): the lazy stage 1. ``None``: lazy when it is safe (none
-            of the refusals below applies) and saves work (the run reaches fewer stage-1 shards than the dataset
-            has), else the full pass; ``True``: lazy (refused where unsafe); ``False``: the full pass, in
-            ``__init__``. Lazily, nothing is sampled in ``__init__``; during
+            of the refusals below applies, a frozen reference model exists, no PEFT) and saves at least half the
+            work (the run reaches at most half the stage-1 shards, divided by the number of processes), else the
+            full pass; ``True``: lazy (refused where unsafe); ``False``: the full pass, in ``__init__``. On the
+            command line: ``--lazy_value_pass true`` / ``false``. Lazily, nothing is sampled in ``__init__``; during
             training, before a generation batch uses a prompt whose value is not known, every process computes
             together the stage-1 shards holding that prompt and the next ``lazy_value_chunk_size`` prompts in the
             order the (seeded) train sampler will ask for them. A short run pays only for the shards it reaches.
@@ -93,8 +94,9 @@ class APOConfig(GRPOConfig):
             sampler is built), with ``use_vllm`` (after the first update the engine holds the policy, not the
             reference), with a streaming dataset (no sampler order) and with ZeRO-3 / FSDP (no unsharded
             reference to sample mid-training). A prompt without a value estimate (no reference sample got a
-            reward) is left out of the loss, with a warning and the metric ``apo/unvalued_fraction`` (the full pass
-            leaves such prompts out of the dataset before training). Only
+            reward) gets weight 0 in the loss, with a warning and the metric ``apo/unvalued_fraction`` (the full pass
+            leaves such prompts out of the dataset before training); when no prompt valued so far has one, training
+            stops, as the full pass does. Only
             A*-PO has this option: DPH-RL's split and ERPO's dataset-mean query weights need every prompt before
             training.
         lazy_value_chunk_size (`int`, defaults to `64`): prompts (in sampler order) the lazy pass values ahead of

@@ -243,10 +243,13 @@ class APOTrainer(CheckpointStateMixin, ModelCardMixin, FiniteLossMixin, OfflineP
 
     # ------------------------------------------------------------------------------------ lazy stage 1 ---
     def _runs_lazily(self, dataset) -> bool:
-        """Whether stage 1 runs lazily. ``lazy_value_pass=True``: yes (refused in :meth:`_lazy_setup` where it is not
-        safe); ``False``: no; ``None`` (default): when it is safe (none of the refusals applies, and there is a frozen
-        reference to sample after the first update) and saves work: the run reaches fewer stage-1 shards than the
-        dataset has. A dataset that already has ``ref_value`` is used as is."""
+        """Whether stage 1 runs lazily. ``lazy_value_pass=True``: yes (refused where it is not safe: by the config
+        and :meth:`_lazy_setup`); ``False``: no; ``None`` (default): when it is safe (none of the refusals applies,
+        there is a frozen reference model to sample after the first update; not with PEFT, whose cache key holds
+        the adapter, so chunks sampled after the first update would not be shared) and saves at least half the
+        work: the run reaches at most half the stage-1 shards, divided by the number of processes (a lazy chunk
+        covers a few shards, so on N processes most wait while it runs). A dataset with ``ref_value`` is used as
+        is."""
         args = self.args
         if args.lazy_value_pass is False or "ref_value" in (dataset.column_names or []):
             return False
@@ -255,10 +258,11 @@ class APOTrainer(CheckpointStateMixin, ModelCardMixin, FiniteLossMixin, OfflineP
         if (args.filter_all_incorrect or args.use_vllm or is_stream(dataset) or params_sharded(self)
                 or LAZY_ROW in dataset.column_names):
             return False
-        if self.ref_model is None and not is_peft_model(self.accelerator.unwrap_model(self.model)):
-            return False  # nothing to sample the reference from after the first update
+        if self.ref_model is None or is_peft_model(self.accelerator.unwrap_model(self.model)):
+            return False
         shard = args.presample_shard_size
-        return len({r // shard for r in self._sampler_order(dataset)}) < math.ceil(len(dataset) / shard)
+        reached = len({r // shard for r in self._sampler_order(dataset)})
+        return 2 * self.accelerator.num_processes * reached <= math.ceil(len(dataset) / shard)
 
     def _lazy_setup(self, dataset):
         """``lazy_value_pass``: nothing sampled now; the training rows gain their index (:data:`LAZY_ROW`) and the
@@ -321,6 +325,10 @@ class APOTrainer(CheckpointStateMixin, ModelCardMixin, FiniteLossMixin, OfflineP
                 np.random.set_state(np_state)
             lazy.add(shards, chunk, self.state.global_step, time.perf_counter() - start)
             self.defer_log(lazy.metrics(self.args.correctness_threshold))
+        if not any(math.isfinite(v) for v in lazy.values.values()):  # as the full pass: the rewards are broken
+            raise ValueError(f"no prompt has a value estimate: every reference sample of the {len(lazy.values)} "
+                             "prompts valued so far got no reward (the reward functions returned None or NaN). "
+                             "Check the reward functions on this dataset")
         no_value = sorted({r for r in every if not math.isfinite(lazy.values[r])})
         new = [r for r in no_value if r not in lazy.unvalued]
         if new:  # the same on every process
@@ -329,7 +337,10 @@ class APOTrainer(CheckpointStateMixin, ModelCardMixin, FiniteLossMixin, OfflineP
                           f"{self.args.num_value_samples} reference samples got a reward, e.g. row {new[0]}); their "
                           f"rows are left out of the loss (the full pass leaves them out of the dataset). "
                           f"{len(lazy.unvalued)} so far", stacklevel=2)
-        self._unvalued_in_batch = bool(no_value)  # all processes agree: the loss masks (and logs) them together
+        # all processes agree: the loss leaves them out (and logs it) together, normalised by the valued rows of the
+        # whole generation batch, so 1 and N processes give the same loss
+        self._unvalued_in_batch = bool(no_value)
+        self._valued_rows = sum(math.isfinite(lazy.values[r]) for r in every)
         return [{**x, "ref_value": lazy.values[x[LAZY_ROW]]} for x in inputs]
 
     def _reference_weights(self):
@@ -363,10 +374,11 @@ class APOTrainer(CheckpointStateMixin, ModelCardMixin, FiniteLossMixin, OfflineP
                           f"{sorted(set(rewards.tolist()))[:5]}", stacklevel=2)
             self._warned_non_binary = True
         values = torch.tensor([x["ref_value"] for x in inputs], dtype=rewards.dtype, device=device)
-        if self._unvalued_in_batch:  # lazy stage 1: rows without a value estimate are masked out of the loss
+        if self._unvalued_in_batch:  # lazy stage 1: rows without a value estimate are left out of the loss
             valued = torch.isfinite(values)
-            output["apo_valued"] = valued.to(rewards.dtype)
-            values = torch.where(valued, values, rewards)  # a finite target; the mask removes the row
+            per_micro_batch = self._valued_rows / (self.args.steps_per_generation * self.accelerator.num_processes)
+            output["apo_weights"] = valued.to(rewards.dtype) / max(per_micro_batch, 1e-12)
+            values = torch.where(valued, values, rewards)  # a finite target (advantage 0); its weight is 0
         output["apo_rewards"], output["apo_values"] = rewards, values
         output["advantages"] = rewards - values  # the regression target r - V_hat(x)
         return output
@@ -380,13 +392,13 @@ class APOTrainer(CheckpointStateMixin, ModelCardMixin, FiniteLossMixin, OfflineP
             model, ids, attn, inputs["completion_ids"].size(1), compute_entropy=bonus,
             compute_aux_loss=self.aux_loss_enabled)
         seq_log_ratio = ((logps - inputs["ref_per_token_logps"]) * mask).sum(-1)
-        valued = inputs.get("apo_valued")
-        loss = losses.apo_loss(seq_log_ratio, inputs["apo_rewards"], inputs["apo_values"], self.beta, mask=valued)
+        weights = inputs.get("apo_weights")  # rows without a value estimate (lazy stage 1) have weight 0
+        loss = losses.apo_loss(seq_log_ratio, inputs["apo_rewards"], inputs["apo_values"], self.beta, weights=weights)
         mode = "train" if self.model.training else "eval"
         metrics, gather = self._metrics[mode], self.accelerator.gather
         metrics["apo/regression_loss"].append(gather(loss.detach()).mean().item())
-        if valued is not None:  # present on every process or on none (_lazy_values)
-            metrics["apo/unvalued_fraction"].append(1.0 - gather(valued).mean().item())
+        if weights is not None:  # present on every process or on none (_lazy_values)
+            metrics["apo/unvalued_fraction"].append(1.0 - gather((weights > 0).float()).mean().item())
         if bonus:
             entropy = (entropies * mask).sum() / mask.sum().clamp(min=1.0)
             loss = loss - self.args.entropy_coef * entropy
