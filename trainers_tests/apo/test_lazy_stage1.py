@@ -18,13 +18,13 @@ from ..helpers import DEFAULT_MODEL_PATH, small_config, train_dataset
 ROWS, SHARD = 32, 4
 
 
-def _apo(tmp_path, cache, lazy, dataset=None, **kw):
+def _apo(tmp_path, cache, lazy, dataset=None, peft_config=None, **kw):
     kw = dict(dict(num_value_samples=4, presample_cache_dir=str(cache), num_generations=1,
                    per_device_train_batch_size=4, presample_shard_size=SHARD, lazy_value_chunk_size=4,
                    lazy_value_pass=lazy), **kw)
     return APOTrainer(model=DEFAULT_MODEL_PATH, reward_funcs=accuracy_reward,
                       args=small_config(APOConfig, tmp_path / ("lazy" if lazy else "full"), **kw),
-                      train_dataset=dataset if dataset is not None else train_dataset(ROWS))
+                      train_dataset=dataset if dataset is not None else train_dataset(ROWS), peft_config=peft_config)
 
 
 def _count_shards(monkeypatch):
@@ -152,6 +152,13 @@ def test_default_full_pass_where_lazy_is_unsafe(tmp_path):
     stream = IterableDataset.from_generator(lambda: iter(rows))
     streamed = _apo(tmp_path, tmp_path / "cache", lazy=None, max_steps=1, dataset=stream)
     assert streamed._lazy is None  # read once, in full, as before
+    from peft import (
+        LoraConfig,  # PEFT: the cache key holds the adapter, so post-update chunks would not be shared
+    )
+
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+    peft = _apo(tmp_path, tmp_path / "cache", lazy=None, max_steps=1, peft_config=lora)
+    assert peft._lazy is None and "ref_value" in peft.train_dataset.column_names
 
 
 def test_lazy_prompt_without_value_is_left_out_of_the_loss(tmp_path, monkeypatch):
@@ -212,6 +219,11 @@ def test_lazy_prompt_without_value_is_left_out_of_the_loss(tmp_path, monkeypatch
             assert loss.item() == pytest.approx(squares[kept].mean().item(), rel=1e-6)
         else:
             assert loss.item() == 0.0
+    for (_, _, values, _, weights, _), h in zip(calls, [h for h in trainer.state.log_history if "loss" in h],
+                                                 strict=True):  # logged means: over the rows in the loss
+        kept = torch.ones_like(values, dtype=torch.bool) if weights is None else weights > 0
+        if kept.any():
+            assert h["apo/value_mean"] == pytest.approx(values[kept].mean().item(), rel=1e-6)
 
 
 

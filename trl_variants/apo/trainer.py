@@ -397,16 +397,24 @@ class APOTrainer(CheckpointStateMixin, ModelCardMixin, FiniteLossMixin, OfflineP
         mode = "train" if self.model.training else "eval"
         metrics, gather = self._metrics[mode], self.accelerator.gather
         metrics["apo/regression_loss"].append(gather(loss.detach()).mean().item())
-        if weights is not None:  # present on every process or on none (_lazy_values)
-            metrics["apo/unvalued_fraction"].append(1.0 - gather((weights > 0).float()).mean().item())
+        kept = None if weights is None else (weights > 0).to(seq_log_ratio.dtype)  # rows in the loss
+
+        def mean_of_kept(x):  # every row, unless the lazy stage 1 left some out of the loss
+            if kept is None:
+                return gather(x).mean().item()
+            return (gather(x * kept).sum() / gather(kept).sum().clamp(min=1.0)).item()
+
+        if kept is not None:  # present on every process or on none (_lazy_values)
+            metrics["apo/unvalued_fraction"].append(1.0 - gather(kept).mean().item())
         if bonus:
-            entropy = (entropies * mask).sum() / mask.sum().clamp(min=1.0)
+            tokens = mask if kept is None else mask * kept.unsqueeze(1)
+            entropy = (entropies * tokens).sum() / tokens.sum().clamp(min=1.0)
             loss = loss - self.args.entropy_coef * entropy
             metrics["entropy"].append(gather(entropy.detach()).mean().item())
         if self.aux_loss_enabled:  # a mixture-of-experts model's router balance loss, added as GRPOTrainer adds it
             loss = loss + self.router_aux_loss_coef * aux_loss
             metrics["aux_loss"].append(self.accelerator.gather_for_metrics(aux_loss).mean().item())
-        metrics["apo/value_mean"].append(gather(inputs["apo_values"]).mean().item())
-        metrics["apo/advantage_mean"].append(gather(inputs["advantages"]).mean().item())
-        metrics["apo/seq_log_ratio_mean"].append(gather(seq_log_ratio.detach()).mean().item())
+        metrics["apo/value_mean"].append(mean_of_kept(inputs["apo_values"]))
+        metrics["apo/advantage_mean"].append(mean_of_kept(inputs["advantages"]))
+        metrics["apo/seq_log_ratio_mean"].append(mean_of_kept(seq_log_ratio.detach()))
         return loss / (self.current_gradient_accumulation_steps if mode == "train" else 1.0)
