@@ -325,10 +325,10 @@ class APOTrainer(CheckpointStateMixin, ModelCardMixin, FiniteLossMixin, OfflineP
                 np.random.set_state(np_state)
             lazy.add(shards, chunk, self.state.global_step, time.perf_counter() - start)
             self.defer_log(lazy.metrics(self.args.correctness_threshold))
-        if not any(math.isfinite(v) for v in lazy.values.values()):  # as the full pass: the rewards are broken
-            raise ValueError(f"no prompt has a value estimate: every reference sample of the {len(lazy.values)} "
-                             "prompts valued so far got no reward (the reward functions returned None or NaN). "
-                             "Check the reward functions on this dataset")
+            if not any(math.isfinite(v) for v in lazy.values.values()):  # as the full pass: broken rewards
+                raise ValueError(f"no prompt has a value estimate: every reference sample of the {len(lazy.values)} "
+                                 "prompts valued so far got no reward (the reward functions returned None or NaN). "
+                                 "Check the reward functions on this dataset")
         no_value = sorted({r for r in every if not math.isfinite(lazy.values[r])})
         new = [r for r in no_value if r not in lazy.unvalued]
         if new:  # the same on every process
