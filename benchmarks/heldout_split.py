@@ -37,6 +37,16 @@ ROOT = Path(__file__).resolve().parent.parent
 SELECTION_SEED = 1  # the replication evaluates with seed 0: the split is chosen on other samples
 
 
+def beyond_levels_dataset(prompts: int):
+    """``prompts`` problems of each level beyond training (``BEYOND_LEVELS``), their own seeded draw (never in any
+    training set); shared with ``probe_beyond_levels.py``."""
+    from trl_variants.default import problems_to_dataset
+    from trl_variants.default.task import BEYOND_LEVELS, generate_problem
+
+    rng = random.Random(5)
+    return problems_to_dataset([generate_problem(rng, lv) for lv in BEYOND_LEVELS for _ in range(prompts)])
+
+
 def level_rows(levels, rates: list[float], ks: list[int], k: int) -> list[dict]:
     """Per level: prompts, mean success rate (avg@k) and pass@j for each j of ``ks`` (from ``k`` samples)."""
     from trl_variants.evaluate import pass_at_k
@@ -72,13 +82,12 @@ def main(argv: list[str] | None = None) -> dict:
     from datasets import concatenate_datasets
 
     from trl_variants import accuracy_reward, load_default_dataset
-    from trl_variants.default import DEFAULT_MODEL_PATH, problems_to_dataset
-    from trl_variants.default.task import BEYOND_LEVELS, LEVELS, generate_problem
+    from trl_variants.default import DEFAULT_MODEL_PATH
+    from trl_variants.default.task import LEVELS
     from trl_variants.evaluate import EvalConfig, evaluate, ks_up_to
 
     test = load_default_dataset(n_train=0, n_test=args.eval_prompts)["test"]
-    rng = random.Random(5)  # the beyond-training levels: their own draw, never in any training set
-    beyond = problems_to_dataset([generate_problem(rng, lv) for lv in BEYOND_LEVELS for _ in range(args.beyond_prompts)])
+    beyond = beyond_levels_dataset(args.beyond_prompts)
     data = concatenate_datasets([test, beyond])
     config = EvalConfig(k=args.k, temperatures=[1.0], greedy=False, max_completion_length=args.max_len,
                         seed=SELECTION_SEED, compute_entropy=False)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,13 +46,15 @@ def main(argv: list[str] | None = None) -> dict:
     import torch
 
     torch.set_num_threads(args.threads)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script or loaded from its path (tests)
+    from heldout_split import beyond_levels_dataset  # the same draw as the split's page measured
+
     from trl_variants import accuracy_reward
-    from trl_variants.default import DEFAULT_MODEL_PATH, problems_to_dataset
-    from trl_variants.default.task import BEYOND_LEVELS, generate_problem
+    from trl_variants.default import DEFAULT_MODEL_PATH
+    from trl_variants.default.task import BEYOND_LEVELS
     from trl_variants.evaluate import EvalConfig, evaluate
 
-    rng = random.Random(5)  # heldout_split.py's draw of the beyond-training levels
-    data = problems_to_dataset([generate_problem(rng, lv) for lv in BEYOND_LEVELS for _ in range(args.prompts)])
+    data = beyond_levels_dataset(args.prompts)
     levels = list(data["level"])
     models = {"base": DEFAULT_MODEL_PATH, "GRPO (TRL), seed 0": Path(args.work_dir) / "grpo-seed0",
               "DPH-RL, seed 0": Path(args.work_dir) / "dph-seed0"}
