@@ -106,10 +106,13 @@ def test_rollout_restores_weights_and_stage2_old_logps_come_from_unlearned_weigh
     assert eepo._metrics["train"]["eepo/stage1_logp_change"][-1] < 0
 
 
-def test_stage1_rescoring_only_on_logged_rollouts(tmp_path):
-    """Stage 2 is scored under the unlearned weights on every rollout; stage 1 is re-scored (for the
-    stage1_logp_change metric) only on rollouts whose optimizer step is logged."""
-    eepo = _eepo(tmp_path, max_steps=4, logging_steps=2, unlearning_lr=0.5)  # a step large enough to show
+@pytest.mark.parametrize("capture", [False, None])
+def test_stage1_rescoring_only_on_logged_rollouts(tmp_path, capture):
+    """Stage 2 is scored under the unlearned weights on every rollout (by default read while generating it, with
+    capture_stage2_logps=False in a separate forward); stage 1 is re-scored (for the stage1_logp_change metric)
+    only on rollouts whose optimizer step is logged."""
+    eepo = _eepo(tmp_path, max_steps=4, logging_steps=2, unlearning_lr=0.5,  # a step large enough to show
+                 capture_stage2_logps=capture)
     scored_rows = []
     score = eepo._score
 
@@ -121,10 +124,77 @@ def test_stage1_rescoring_only_on_logged_rollouts(tmp_path):
     eepo._score = counting_score
     eepo.train()
     half_rows = eepo.args.per_device_train_batch_size // 2
-    assert scored_rows == [half_rows, 2 * half_rows] * 2  # steps 1 and 3: stage 2 only; steps 2 and 4: both
+    if capture is False:
+        assert scored_rows == [half_rows, 2 * half_rows] * 2  # steps 1 and 3: stage 2 only; steps 2 and 4: both
+    else:  # stage 2 is read while generating: only stage 1's re-scoring, on steps 2 and 4
+        assert [p.capture for p in eepo.parts if p.owns_rollout] == [True]  # float32, transformers generate
+        assert scored_rows == [half_rows] * 2
     logs = [h for h in eepo.state.log_history if "eepo/gate" in h]
     assert [h["step"] for h in logs] == [2, 4]
     assert all(h["eepo/stage1_logp_change"] < 0 for h in logs)
+
+
+def _stage2_rollout(tmp_path, name, **kw):
+    """One unlearning rollout (G = 4, 2 prompts, a large step); returns the completions, each row's old log-probs
+    and the rollout's metrics."""
+    eepo = _eepo(tmp_path / name, unlearning_lr=0.5, num_generations=4, per_device_train_batch_size=8, **kw)
+    eepo.model.train()
+    torch.manual_seed(0)
+    completions, _ = eepo._generate_single_turn(_prompt_rows(eepo), None, {}, eepo.num_generations)
+    return completions, eepo._pending_old_logps, {k: v[-1] for k, v in eepo._metrics["train"].items()}
+
+
+def test_stage2_logps_read_while_generating_equal_the_separate_forward(tmp_path):
+    """capture_stage2_logps: the log-probs read from generate's own passes under the unlearned weights are the
+    separate forward's (TRL's fused head) up to float32 rounding; so are the metrics."""
+    c_read, old_read, m_read = _stage2_rollout(tmp_path, "read")  # default: read (float32, transformers generate)
+    c_fwd, old_fwd, m_fwd = _stage2_rollout(tmp_path, "forward", capture_stage2_logps=False)
+    assert c_read == c_fwd  # same seed, same unlearned weights: the same tokens
+    assert [len(r) for r in old_read] == [len(c) for c in c_read]
+    for a, b in zip(old_read, old_fwd, strict=True):
+        torch.testing.assert_close(torch.tensor(a), torch.tensor(b), atol=1e-4, rtol=0)
+    assert m_read.keys() == m_fwd.keys()
+    for k in m_fwd:
+        assert m_read[k] == pytest.approx(m_fwd[k], abs=1e-5), k
+
+
+def test_stage2_read_falls_back_to_the_forward_with_a_warning(tmp_path):
+    """Beam search feeds several hypotheses per row: what the passes saw is not the completions, so stage 2 is
+    scored in a separate forward (same values), with a warning; the default does not even try with beams."""
+    with pytest.warns(UserWarning, match="do not match its completions"):
+        c_read, old_read, _ = _stage2_rollout(tmp_path, "forced", capture_stage2_logps=True,
+                                              generation_kwargs={"num_beams": 2})
+    c_fwd, old_fwd, _ = _stage2_rollout(tmp_path, "forward", capture_stage2_logps=False,
+                                        generation_kwargs={"num_beams": 2})
+    assert c_read == c_fwd and old_read == old_fwd
+    eepo = _eepo(tmp_path / "auto", generation_kwargs={"num_beams": 2})
+    assert [p.capture for p in eepo.parts if p.owns_rollout] == [False]
+
+
+def test_capture_stage2_logps_rule():
+    """None reads while generating only where that gives the forward's values; True/False force."""
+    from types import SimpleNamespace
+
+    from trl_variants.eepo.part import _captures_stage2
+
+    model = torch.nn.Linear(2, 2)
+
+    def trainer(capture=None, bf16=False, vllm=False, beams=1, dtype=torch.float32):
+        return SimpleNamespace(
+            args=SimpleNamespace(capture_stage2_logps=capture, bf16=bf16, fp16=False), use_vllm=vllm,
+            use_transformers_continuous_batching=False, generation_config=SimpleNamespace(num_beams=beams),
+            model=model.to(dtype), accelerator=SimpleNamespace(unwrap_model=lambda m: m))
+
+    assert _captures_stage2(trainer()) is True
+    assert _captures_stage2(trainer(bf16=True)) is False
+    assert _captures_stage2(trainer(vllm=True)) is False
+    assert _captures_stage2(trainer(beams=2)) is False
+    assert _captures_stage2(trainer(dtype=torch.bfloat16)) is False
+    assert _captures_stage2(trainer(capture=True, bf16=True)) is True
+    assert _captures_stage2(trainer(capture=False)) is False
+    with pytest.raises(ValueError, match="capture_stage2_logps=True with use_transformers_continuous_batching"):
+        EEPOConfig(output_dir="x", use_cpu=True, bf16=False, capture_stage2_logps=True,
+                   use_transformers_continuous_batching=True)
 
 
 def test_optimizer_state_and_accumulated_grads_untouched(tmp_path):

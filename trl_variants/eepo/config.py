@@ -50,6 +50,15 @@ class EEPOConfig(DynamicSamplingConfig):
         unlearning_lr (`float`, defaults to `3e-3`): eta, step size of the single plain gradient step.
         unlearning_eps_low (`float`, defaults to `1e-6`): eps_L of eq. 8 (probabilities below are not penalised).
         unlearning_eps_high (`float`, defaults to `1e-3`): eps_R of eq. 8 (keeps ``1 - p`` away from 0).
+        capture_stage2_logps (`bool` or `None`, defaults to `None`): where stage 2's old log-probs (and entropy)
+            come from. They are the unlearned model's log-probs of the stage-2 tokens, softmax(logits / T) before any
+            logits processor. ``None``: read from the model's own forward passes while ``generate`` samples stage 2
+            (no separate forward) when that gives the separate forward's values (transformers ``generate``, float32
+            weights, no bf16 / fp16), else a separate no-grad forward after generation (vLLM, continuous batching,
+            half precision). ``True``: always read while generating (refused with vLLM or continuous batching,
+            whose engines do not run the trainer's module; in half precision the values differ from a forward by the
+            usual generation/training rounding); ``False``: always the separate forward. On the command line:
+            ``--capture_stage2_logps true`` / ``false``.
     """
 
     entropy_gate: str = field(default="auto", metadata={"help": "'auto', 'always' or 'never'.",
@@ -59,6 +68,11 @@ class EEPOConfig(DynamicSamplingConfig):
     unlearning_lr: float = field(default=3e-3, metadata={"help": "eta: learning rate of the unlearning step."})
     unlearning_eps_low: float = field(default=1e-6, metadata={"help": "eps_L: lower probability clip (eq. 8)."})
     unlearning_eps_high: float = field(default=1e-3, metadata={"help": "eps_R: p is clipped to at most 1 - eps_R."})
+    capture_stage2_logps: bool | None = field(
+        default=None, metadata={"help": "Stage 2's old log-probs read while generating instead of a separate forward. "
+                                        "None (default): when that gives the forward's values (transformers "
+                                        "generate, float32); True: always (refused with vLLM / continuous "
+                                        "batching); False: never."})
 
     def __post_init__(self):
         check_common(self)  # options TRL accepts but that fail after the model load
@@ -73,3 +87,8 @@ class EEPOConfig(DynamicSamplingConfig):
         if not (0.0 <= self.unlearning_eps_low < 1.0 - self.unlearning_eps_high <= 1.0):
             raise ValueError("need 0 <= unlearning_eps_low < 1 - unlearning_eps_high <= 1, got "
                              f"unlearning_eps_low={self.unlearning_eps_low}, unlearning_eps_high={self.unlearning_eps_high}")
+        if self.capture_stage2_logps and (self.use_vllm or self.use_transformers_continuous_batching):
+            engine = "use_vllm" if self.use_vllm else "use_transformers_continuous_batching"
+            raise ValueError(f"capture_stage2_logps=True with {engine}: that engine does not run the trainer's module, "
+                             "so stage 2's log-probs cannot be read while generating. Leave capture_stage2_logps "
+                             "unset (None) or False: stage 2 is then scored in a separate forward")

@@ -7,8 +7,10 @@ For each group of G completions, in place of GRPO's sampling of the batch (the p
 2. measure their mean token entropy H_t; H_bar = mean of the last m values (eq. 4-5);
 3. if H_bar < alpha: ONE plain gradient step (lr eta, no momentum) on the rollout weights that lowers the probability
    of the stage-1 tokens, minimising ``mean_seq mean_tok -log(1 - clip(p, eps_L, 1 - eps_R))`` (eq. 7-11);
-4. sample the other floor(G/2) completions from the updated rollout model, and score them under it (their old log-probs;
-   on rollouts that will be logged, stage 1 is re-scored in the same forward to report how much the step lowered it);
+4. sample the other floor(G/2) completions from the updated rollout model, and score them under it (their old log-probs:
+   read from the model's own forward passes while ``generate`` samples them, or a separate forward, see
+   ``EEPOConfig.capture_stage2_logps``; on rollouts that will be logged, stage 1 is re-scored under it to report how
+   much the step lowered it);
 5. restore the weights bit for bit; then GRPO's update on all G completions as usual, each row's old log-probs (and,
    with vLLM, its sampler/trainer importance-sampling correction) taken against the weights that sampled it.
 
@@ -20,12 +22,14 @@ sequences of the global batch, and summed over processes: every process applies 
 from __future__ import annotations
 
 import collections
+import contextlib
+import warnings
 
 import torch
 from trl.trainer.utils import nanmax, nanmin
 
 from .. import losses
-from .._model import params_sharded
+from .._model import is_peft_model, params_sharded
 from ..parts import Part
 from .losses import vllm_importance_sampling_ratio
 
@@ -56,6 +60,65 @@ def _rollout_is_logged(trainer) -> bool:
     return (args.logging_first_step and step == 0) or any((step + k) % every == 0 for k in range(1, fed + 1))
 
 
+class _LogpsWhileGenerating(contextlib.AbstractContextManager):
+    """The log-probs and entropies of the tokens ``generate`` picks, read from the model's own forward passes while
+    it samples: at each decoding step, ``log_softmax(logits / T)`` of the last position (the model's distribution,
+    before any logits processor: what a separate forward gives), gathered at the token the next step feeds back
+    (the last step's token is read from the completions). Holds one ``(batch, vocab)`` row block at a time."""
+
+    def __init__(self, module, temperature: float):
+        self.module, self.temperature = module, temperature
+        self.logps, self.entropies, self.fed, self._last = [], [], [], None
+
+    def __enter__(self):
+        self._handle = self.module.register_forward_hook(self._read, with_kwargs=True)
+        return self
+
+    def __exit__(self, *exc):
+        self._handle.remove()
+        return False
+
+    def _read(self, module, args, kwargs, output):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if self._last is not None:
+            token = ids[:, -1:]
+            self.fed.append(token.squeeze(-1))
+            self.logps.append(self._last.gather(-1, token).squeeze(-1))
+        logps = torch.log_softmax(output.logits[:, -1].float() / self.temperature, dim=-1)
+        self.entropies.append(-(logps.exp() * logps).sum(-1))
+        self._last = logps
+
+    def scores(self, completions):
+        """``(logps, entropies, mask)`` of ``completions`` (rows in generation order), padded like
+        ``trainer._score``; None when the passes seen do not match the completions (then score them separately)."""
+        steps, width = len(self.entropies), max((len(c) for c in completions), default=0)
+        if steps != width or width == 0 or self._last.size(0) != len(completions):
+            return None  # e.g. beam search (several hypotheses per row)
+        device = self._last.device
+        ids = torch.zeros(len(completions), width, dtype=torch.long, device=device)
+        mask = torch.zeros(len(completions), width, dtype=torch.long, device=device)
+        for i, c in enumerate(completions):
+            ids[i, : len(c)] = torch.tensor(c, dtype=torch.long)
+            mask[i, : len(c)] = 1
+        if self.fed and not torch.equal(torch.stack(self.fed, 1) * mask[:, :-1], ids[:, :-1] * mask[:, :-1]):
+            return None  # the tokens fed back are not the completions' (another generation path)
+        logps = torch.stack([*self.logps, self._last.gather(-1, ids[:, -1:]).squeeze(-1)], dim=1)
+        return logps * mask, torch.stack(self.entropies, dim=1) * mask, mask
+
+
+def _captures_stage2(trainer) -> bool:
+    """Whether stage 2's old log-probs are read while generating (``EEPOConfig.capture_stage2_logps``)."""
+    args = trainer.args
+    if args.capture_stage2_logps is not None:
+        return args.capture_stage2_logps
+    if trainer.use_vllm or trainer.use_transformers_continuous_batching or args.bf16 or args.fp16:
+        return False
+    if (getattr(trainer.generation_config, "num_beams", 1) or 1) > 1:  # beams: the passes score hypotheses
+        return False
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    return all(p.dtype == torch.float32 for p in model.parameters())
+
+
 class TwoStageRollout(Part):
     """The rollout of eq. 4-11. The trainer holds the gate's state ``_entropy_history`` (checkpointed) and, between
     the rollout and its scoring, ``_pending_old_logps`` / ``_pending_stage2``. Metrics: ``eepo/entropy_stage1``,
@@ -78,6 +141,7 @@ class TwoStageRollout(Part):
         trainer._entropy_history = collections.deque(maxlen=args.entropy_window)
         trainer._pending_old_logps = None  # per row, set by an unlearning rollout
         trainer._pending_stage2 = None  # that rollout's stage-2 rows
+        self.capture = _captures_stage2(trainer)
         self.trainer = trainer
 
     # ------------------------------------------------------------------------------------ checkpoint state ---
@@ -141,21 +205,37 @@ class TwoStageRollout(Part):
                         p.sub_(trainer.args.unlearning_lr * g)
             del grads
             trainer._sync_vllm()
-            # 4. stage 2 from the unlearned rollout model, scored under it (its old log-probs and entropy); on
-            #    rollouts that will be logged the same forward also re-scores stage 1 (how much the step lowered it)
-            c2, lp2 = grpo_generate(p2, None, {}, k2)
+            # 4. stage 2 from the unlearned rollout model, scored under it (its old log-probs and entropy): read
+            #    while generating, or in a separate forward; on rollouts that will be logged stage 1 is re-scored
+            #    under it too (how much the step lowered it)
+            reader = _LogpsWhileGenerating(model.get_base_model() if is_peft_model(model) else model,
+                                           trainer.temperature) if self.capture else contextlib.nullcontext()
+            with reader:
+                c2, lp2 = grpo_generate(p2, None, {}, k2)
+            captured = reader.scores(c2) if self.capture else None
+            if self.capture and captured is None:
+                warnings.warn("EEPO: the forward passes seen while generating stage 2 do not match its completions; "
+                              "stage 2 is scored in a separate forward instead", stacklevel=2)
             measure_drop = _rollout_is_logged(trainer)
-            rescored_p, rescored_c = (p2 + p1, c2 + c1) if measure_drop else (p2, c2)
-            with torch.no_grad():
-                after, ent, mask = trainer._score(model, rescored_p, rescored_c, entropy=True)
+            rescored_p, rescored_c = ([], []) if captured is not None else (p2, c2)
+            if measure_drop:
+                rescored_p, rescored_c = rescored_p + p1, rescored_c + c1
+            after = None
+            if rescored_p:
+                with torch.no_grad():
+                    after, ent, mask = trainer._score(model, rescored_p, rescored_c, entropy=True)
         finally:
             # 5. restore, bit for bit
             with torch.no_grad():
                 for p, saved in zip(params, snapshot, strict=True):
                     p.copy_(saved)
             trainer._sync_vllm()
-        n2 = len(p2)  # rows [:n2] are stage 2 (columns past their own completions are masked out)
-        old2, mask2, ent2 = after[:n2], mask[:n2], ent[:n2]
+        if captured is None:  # rows [:n2] of the forward are stage 2 (columns past their completions are masked out)
+            n2 = len(p2)
+            old2, mask2, ent2 = after[:n2], mask[:n2], ent[:n2]
+        else:
+            n2 = 0
+            old2, ent2, mask2 = captured
         metrics["eepo/unlearning_loss"].append(trainer.accelerator.reduce(u.detach(), "sum").item())
         metrics["eepo/entropy_stage2"].append(trainer._global_mean(ent2, mask2))
         if measure_drop:
