@@ -37,6 +37,8 @@ VARIANTS = {
     "erpo_weights_only": ("grpo_beta0", "(ablation: query weights only)"),
     "erpo_qkl_only": ("grpo_beta0", "(ablation: Query-KL only)"),
     "eepo": ("grpo_beta0", "step time <= 1.35x GRPO(beta=0) on CPU (gate forced on)"),
+    "grpo_two_generates": ("grpo_beta0", "(EEPO's floor: GRPO(beta=0) generating each batch in two sequential "
+                                         "half-size calls, as EEPO's two stages, without the unlearning step)"),
     "grpo_beta0_accuracy": (None, "(DPH-RL's baseline: GRPO(beta=0) with DPH-RL's accuracy reward)"),
     "dph": ("grpo_beta0_accuracy", "step time <= 1.05x GRPO(beta=0) with the same reward; peak memory < GRPO(beta>0)"),
     "parts_off": ("grpo_beta0", "ComposedTrainer with no part: costs nothing measurable (1.00x)"),
@@ -84,6 +86,9 @@ def build_trainer(variant: str, model_path: str, out_dir: str, args):
     if variant == "grpo_beta":
         return GRPOTrainer(model=model_path, reward_funcs=accuracy_reward, args=GRPOConfig(beta=0.04, **common),
                            train_dataset=dataset)
+    if variant == "grpo_two_generates":
+        return _two_generates_trainer()(model=model_path, reward_funcs=accuracy_reward,
+                                        args=GRPOConfig(beta=0.0, **common), train_dataset=dataset)
     if variant == "eepo":
         return EEPOTrainer(model=model_path, reward_funcs=accuracy_reward,
                            args=EEPOConfig(entropy_gate="always", **common), train_dataset=dataset)
@@ -128,6 +133,25 @@ def build_trainer(variant: str, model_path: str, out_dir: str, args):
         return ERPOTrainer(model=model_path, reward_funcs=accuracy_reward,
                            args=ERPOConfig(**common, **extra.get(variant, {})), train_dataset=dataset)
     raise ValueError(f"unknown variant {variant!r}; choose from {sorted(VARIANTS)}")
+
+
+def _two_generates_trainer():
+    """GRPOTrainer sampling the first ceil(G/2) completions of every group in one ``generate`` call and the rest in
+    a second one, as EEPO's stages do (nothing in between): what two sequential calls cost by themselves."""
+    from trl import GRPOTrainer
+
+    from trl_variants.eepo.part import _interleave
+
+    class TwoGenerates(GRPOTrainer):
+        def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+            G = self.num_generations
+            first = [i for i in range(len(prompt_ids)) if i % G < (G + 1) // 2]
+            second = [i for i in range(len(prompt_ids)) if i % G >= (G + 1) // 2]
+            c1, lp1 = super()._generate_single_turn([prompt_ids[i] for i in first], None, {}, (G + 1) // 2)
+            c2, lp2 = super()._generate_single_turn([prompt_ids[i] for i in second], None, {}, G // 2)
+            return _interleave(first, second, c1, c2, lp1, lp2)
+
+    return TwoGenerates
 
 
 def medium_model(path: Path, big_vocab: bool = False) -> str:
@@ -263,6 +287,8 @@ def main() -> None:
                          "variant's steps slower than another's")
     ap.add_argument("--gpu", action="store_true")
     ap.add_argument("--out", default=str(ROOT / "results" / "benchmarks" / "benchmarks"))
+    ap.add_argument("--from_json", action="store_true",
+                    help="rebuild OUT.md (and the summary in OUT.json) from the runs stored in OUT.json; runs nothing")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--model_path", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -272,14 +298,20 @@ def main() -> None:
     from trl_variants.default import DEFAULT_MODEL_PATH
     from trl_variants.real_model import smollm2_checkpoint
 
-    model_path = {"tiny": lambda: DEFAULT_MODEL_PATH,
-                  "medium": lambda: medium_model(ROOT / "outputs" / "bench-medium"),
-                  "bigvocab": lambda: medium_model(ROOT / "outputs" / "bench-bigvocab", big_vocab=True),
-                  "smollm2": smollm2_checkpoint,
-                  }.get(args.model, lambda: args.model)()
-    runs = interleaved_runs(__file__, args.variants, model_path, args,
-                            ("steps", "warmup", "batch", "G", "max_completion_length", "threads", "reward",
-                             "prompts"))
+    stored = json.loads(Path(args.out + ".json").read_text()) if args.from_json else None
+    if stored:  # the tables again, from the runs (and settings) a previous invocation stored
+        runs = stored["runs"]
+        for k, v in stored["settings"].items():
+            setattr(args, k, v)
+    else:
+        model_path = {"tiny": lambda: DEFAULT_MODEL_PATH,
+                      "medium": lambda: medium_model(ROOT / "outputs" / "bench-medium"),
+                      "bigvocab": lambda: medium_model(ROOT / "outputs" / "bench-bigvocab", big_vocab=True),
+                      "smollm2": smollm2_checkpoint,
+                      }.get(args.model, lambda: args.model)()
+        runs = interleaved_runs(__file__, args.variants, model_path, args,
+                                ("steps", "warmup", "batch", "G", "max_completion_length", "threads", "reward",
+                                 "prompts"))
 
     summary = {}
     for v, rs in runs.items():
@@ -294,6 +326,11 @@ def main() -> None:
         if base in summary:
             s["baseline"] = base
             s["step_time_ratio"] = s["step_time_s"] / summary[base]["step_time_s"]
+            # paired: each repetition's ratio to the baseline run right before or after it (interleaved), so a
+            # slow spell of the machine, which hits both, cancels
+            paired = [a["step_time_s"] / b["step_time_s"] for a, b in zip(runs[v], runs[base], strict=True)]
+            s["paired_ratio"], s["paired_ratio_min"], s["paired_ratio_max"] = (statistics.median(paired),
+                                                                               min(paired), max(paired))
             s["peak_mem_ratio"] = s["peak_mem_mb"] / summary[base]["peak_mem_mb"]
             s["target"] = VARIANTS[v][1]
         for other in ("grpo_beta",):
@@ -309,13 +346,15 @@ def main() -> None:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out + ".json").write_text(json.dumps({"settings": meta, "summary": summary, "runs": runs}, indent=1))
     lines = [f"Settings: {meta}", "",
-             "| variant | step time (s) median [min-max] | of which generate (s) | per prompt (s) | peak mem (MB) | ref model | vs | step ratio | mem ratio | target |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| variant | step time (s) median [min-max] | of which generate (s) | per prompt (s) | peak mem (MB) | ref model | vs | step ratio | paired ratio median [min-max] | mem ratio | target |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for v, s in summary.items():
+        paired = (f"{s['paired_ratio']:.3f} [{s['paired_ratio_min']:.3f}-{s['paired_ratio_max']:.3f}]"
+                  if "paired_ratio" in s else "")
         lines.append(f"| {v} | {s['step_time_s']:.3f} [{s['step_time_min']:.3f}-{s['step_time_max']:.3f}] | "
                      f"{s['generate_s']:.3f} | "
                      f"{s['time_per_prompt_s']:.4f} | {s['peak_mem_mb']:.0f} | {s['holds_ref_model']} | "
-                     f"{s.get('baseline', '')} | {s.get('step_time_ratio', float('nan')):.3f} | "
+                     f"{s.get('baseline', '')} | {s.get('step_time_ratio', float('nan')):.3f} | {paired} | "
                      f"{s.get('peak_mem_ratio', float('nan')):.3f} | {s.get('target', '')} |")
     extra = [f"- {v} vs {k.split('_vs_')[1]}: {k.split('_vs_')[0].replace('_', ' ')} {x:.3f}"
              for v, s in summary.items() for k, x in s.items() if "_vs_" in k]

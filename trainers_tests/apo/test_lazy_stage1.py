@@ -101,6 +101,34 @@ def test_lazy_chunks_are_full_pass_shards_and_resume(tmp_path, monkeypatch):
     assert all(full.train_dataset[r]["ref_value"] == v for r, v in first._lazy.values.items())
 
 
+def test_second_train_call_values_from_the_reference(tmp_path, monkeypatch):
+    """``train()`` called again on the same trainer (no resume) starts again at step 0 with a trained policy: the
+    chunks it values are still sampled from the frozen reference, with the full pass's values."""
+    from trl_variants.apo import trainer as apo_trainer
+
+    lazy = _apo(tmp_path, tmp_path / "cache_lazy", lazy=True, max_steps=1)
+    sampled_from = []
+    presample_fn = apo_trainer.presample
+
+    def watched(model, *a, **k):
+        sampled_from.append((lazy.state.global_step, "reference" if model is lazy.ref_model else "policy"))
+        return presample_fn(model, *a, **k)
+
+    monkeypatch.setattr(apo_trainer, "presample", watched)
+    lazy.train()
+    assert sampled_from == [(0, "policy")]  # before the first update the policy is the reference
+    first = dict(lazy._lazy.values)
+    lazy.args.seed = 1  # another sampler order: the second call's first batch holds prompts the first did not value
+    lazy.train()
+    assert len(sampled_from) > 1 and all(src == "reference" for _, src in sampled_from[1:]), sampled_from
+    assert sampled_from[1][0] == 0  # at step 0 again (the step count alone would say "not trained yet")
+    new = {r: v for r, v in lazy._lazy.values.items() if r not in first}
+    assert new
+    full = _apo(tmp_path, tmp_path / "cache_full", lazy=False, seed=1)  # the pass's seed is the run's
+    for r, value in new.items():
+        assert value == full.train_dataset[r]["ref_value"], r
+
+
 def test_presample_shards_are_the_full_pass_rows(tmp_path):
     """presample(shards=...) returns the rows of those shards with exactly the values of the whole pass."""
     config = PresampleConfig(num_samples=2, max_completion_length=16, shard_size=3, value_beta=0.5,

@@ -86,6 +86,10 @@ def test_two_processes_train_as_one(tmp_path, trainer, port):
         assert runs[0]["lazy_steps"] == runs[1]["lazy_steps"] == runs[2]["lazy_steps"]
         assert sorted(runs[0]["lazy_shards"]) == sorted(runs[1]["lazy_shards"])
         assert len(runs[0]["lazy_steps"]) >= 2 and 0 < len(runs[0]["lazy_values"]) < 96  # during training, not all
+        unvalued = [h["apo/unvalued_fraction"] for h in json.loads((tmp_path / "one" / "log_history.json").read_text())
+                    if "apo/unvalued_fraction" in h]
+        assert unvalued and max(unvalued) > 0  # rows without a value estimate were left out of the loss (weighted)
+        assert sum(v is None for v in runs[0]["lazy_values"].values()) > 0  # prompts without a value estimate
     if trainer == "composed_ds":  # dynamic sampling refilled (more rounds than steps), the same on both counts
         log1, log2 = (json.loads((tmp_path / d / "log_history.json").read_text()) for d in ("one", "two"))
         rounds = [h["dynamic_sampling/rounds"] for h in log1 if "dynamic_sampling/rounds" in h]

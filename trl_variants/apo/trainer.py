@@ -145,6 +145,7 @@ class APOTrainer(CheckpointStateMixin, ModelCardMixin, FiniteLossMixin, OfflineP
             self.beta = beta2
             self.ref_model = frozen_copy_of_policy(self)
         self._lazy = None
+        self._policy_updated = False  # set by the first training step (and kept when train() is called again)
         with self.offline_pass():  # a stream is read once, in full, then streams with its values looked up
             if self._runs_lazily(train_dataset):
                 self.train_dataset = self._lazy_setup(train_dataset)
@@ -177,7 +178,7 @@ class APOTrainer(CheckpointStateMixin, ModelCardMixin, FiniteLossMixin, OfflineP
             if self._lazy.prompt_ids is None:
                 self._lazy.prompt_ids = trainer_prompt_ids(self, list(dataset["prompt"]))
             lazy_ids = self._lazy.prompt_ids
-        trained = self.state.global_step > 0
+        trained = self.state.global_step > 0 or self._policy_updated  # a second train() starts again at step 0
         if trained and (params_sharded(self) or self.ref_model is None
                         and not is_peft_model(self.accelerator.unwrap_model(self.model))):
             raise ValueError("APOTrainer.evaluate: this eval_dataset has no 'ref_value' column and, after training "
@@ -240,6 +241,11 @@ class APOTrainer(CheckpointStateMixin, ModelCardMixin, FiniteLossMixin, OfflineP
             dataset = kept
         self.defer_log({"num_prompts_kept": len(dataset)})
         return dataset
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        self._policy_updated = True  # the optimizer step that follows moves the policy away from the reference
+        return loss
 
     # ------------------------------------------------------------------------------------ lazy stage 1 ---
     def _runs_lazily(self, dataset) -> bool:
