@@ -288,7 +288,8 @@ def main() -> None:
     ap.add_argument("--gpu", action="store_true")
     ap.add_argument("--out", default=str(ROOT / "results" / "benchmarks" / "benchmarks"))
     ap.add_argument("--from_json", action="store_true",
-                    help="rebuild OUT.md (and the summary in OUT.json) from the runs stored in OUT.json; runs nothing")
+                    help="rebuild OUT.md (and the summary in OUT.json) from the runs and settings stored in OUT.json "
+                         "(--variants, --reps and the other settings are read from there); runs nothing")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--model_path", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -298,6 +299,8 @@ def main() -> None:
     from trl_variants.default import DEFAULT_MODEL_PATH
     from trl_variants.real_model import smollm2_checkpoint
 
+    if args.from_json and not Path(args.out + ".json").exists():
+        sys.exit(f"--from_json: no {args.out}.json to rebuild the tables from (set --out to its path stem)")
     stored = json.loads(Path(args.out + ".json").read_text()) if args.from_json else None
     if stored:  # the tables again, from the runs (and settings) a previous invocation stored
         runs = stored["runs"]
@@ -326,8 +329,8 @@ def main() -> None:
         if base in summary:
             s["baseline"] = base
             s["step_time_ratio"] = s["step_time_s"] / summary[base]["step_time_s"]
-            # paired: each repetition's ratio to the baseline run right before or after it (interleaved), so a
-            # slow spell of the machine, which hits both, cancels
+            # paired: each repetition's ratio to the baseline's run of the same repetition (the variants of one
+            # repetition run one after the other), so a slow spell of the machine that hits both cancels
             paired = [a["step_time_s"] / b["step_time_s"] for a, b in zip(runs[v], runs[base], strict=True)]
             s["paired_ratio"], s["paired_ratio_min"], s["paired_ratio_max"] = (statistics.median(paired),
                                                                                min(paired), max(paired))

@@ -48,6 +48,7 @@ from pathlib import Path
 
 import torch
 
+from trl_variants.default import LEVELS
 from trl_variants.registry import PAPER_METHODS, REGISTRY, method_classes
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -113,12 +114,22 @@ def shared_settings(args, seed: int, out_dir: Path) -> dict:
                 temperature=1.0, learning_rate=args.lr, lr_scheduler_type="constant", max_steps=args.steps)
 
 
+def study_levels(args) -> tuple[list[int] | None, list[int] | None]:
+    """``--train_levels`` and ``--eval_levels`` (None: all levels; absent from older argument sets)."""
+    return getattr(args, "train_levels", None), getattr(args, "eval_levels", None)
+
+
 def heldout_split(args):
     """The prompts every number is read on: the standard held-out split, or (``--split hard``) the prompts of it that
     ``benchmarks/heldout_split.py`` chose from the base model's samples (results/heldout_split/)."""
     from trl_variants import load_default_dataset
 
     test = load_default_dataset(n_train=0, n_test=args.eval_prompts)["test"]
+    _, eval_levels = study_levels(args)
+    if eval_levels:  # the held-out prompts of these levels only (--split test)
+        if args.split != "test":
+            raise SystemExit("--eval_levels selects levels of the standard held-out split: use it with --split test")
+        return test.filter(lambda level: level in eval_levels, input_columns="level")
     if args.split == "test":
         return test
     split = json.loads(Path(args.split_file).read_text())
@@ -157,7 +168,9 @@ def train(method: str, seed: int, args, out_dir: Path) -> dict:
     from trl_variants import accuracy_reward, load_default_dataset
 
     common = shared_settings(args, seed, out_dir)
-    data = load_default_dataset(n_train=args.train_prompts, n_test=args.eval_prompts, seed=seed)["train"]
+    train_levels, _ = study_levels(args)
+    levels = {"levels": tuple(train_levels)} if train_levels else {}
+    data = load_default_dataset(n_train=args.train_prompts, n_test=args.eval_prompts, seed=seed, **levels)["train"]
     cache = str(ROOT / "outputs" / "replication-cache")
     own = {"dph": dict(presample_cache_dir=cache), COMPOSED: dict(presample_cache_dir=cache),
            "apo": dict(presample_cache_dir=cache, num_generations=1, lazy_value_pass=args.lazy_value_pass,
@@ -189,6 +202,11 @@ def run_settings(args) -> dict:
         settings |= {"entropy_every": args.entropy_every, "entropy_prompts": args.entropy_prompts}
     if args.lazy_value_pass:
         settings["lazy_value_pass"] = True
+    train_levels, eval_levels = study_levels(args)
+    if train_levels:
+        settings["train_levels"] = train_levels
+    if eval_levels:
+        settings["eval_levels"] = eval_levels
     if args.apo_batch != 32:
         settings["apo_batch"] = args.apo_batch
     if args.apo_shard_size != 64:
@@ -443,18 +461,30 @@ def regime_rows(args) -> list[str]:
     return rows
 
 
-def paired_lines(per_seed: dict) -> list[str]:
-    """A*-PO against GRPO seed by seed (same seed, same prompts, run one after the other): for information beside the
-    verdicts, which use the unpaired rule fixed beforehand (module docstring)."""
+def paired_lines(per_seed: dict, k: int = 16) -> list[str]:
+    """A*-PO (and DPH-RL) against GRPO seed by seed (same seed, same prompts, run one after the other): for
+    information beside the verdicts, which use the unpaired rule fixed beforehand (module docstring)."""
+    lines = []
+    if "dph" in per_seed and "grpo" in per_seed and len(per_seed["dph"]) == len(per_seed["grpo"]) >= 2:
+        d, g, base = per_seed["dph"], per_seed["grpo"], per_seed["base"][0][f"pass@{k}"]
+        key = f"pass@{k}"
+        below = sum(y[key] < base for y in g)
+        kept = sum(x[key] >= y[key] for x, y in zip(d, g, strict=True))
+        diff = mean_ci([x[key] - y[key] for x, y in zip(d, g, strict=True)])
+        lines += ["## DPH-RL vs GRPO, seed by seed (for information)", "",
+                  f"GRPO's {key} is below the base's ({base:.3f}) in {below} of {len(g)} seeds "
+                  f"({', '.join(f'{y[key]:.3f}' for y in g)}). DPH-RL's {key} is at or above GRPO's in {kept} of "
+                  f"{len(d)} seeds; DPH-RL minus GRPO {fmt(diff)} (paired; the verdict above uses the unpaired rule "
+                  "fixed beforehand, not this).", ""]
     if "apo" not in per_seed or "grpo" not in per_seed or len(per_seed["apo"]) != len(per_seed["grpo"]) \
             or len(per_seed["grpo"]) < 2:
-        return []
+        return lines
     a, g = per_seed["apo"], per_seed["grpo"]
     ratio = mean_ci([x["wall_s"] / y["wall_s"] for x, y in zip(a, g, strict=True)])
     kl = mean_ci([x["kl_to_base"] - y["kl_to_base"] for x, y in zip(a, g, strict=True)])
     lower = sum(x["kl_to_base"] < y["kl_to_base"] for x, y in zip(a, g, strict=True))
     faster = sum(x["wall_s"] < y["wall_s"] for x, y in zip(a, g, strict=True))
-    return ["## A*-PO vs GRPO, paired by seed (for information)", "",
+    return [*lines, "## A*-PO vs GRPO, paired by seed (for information)", "",
             "Each seed trains both methods on the same prompts, one after the other. Paired, seed by seed (the verdict "
             "above uses the unpaired rule fixed beforehand, not this): A*-PO's wall time / GRPO's "
             f"{fmt(ratio)} (faster in {faster} of {len(a)} seeds); KL to the base, A*-PO minus GRPO {fmt(kl)} (lower "
@@ -462,14 +492,42 @@ def paired_lines(per_seed: dict) -> list[str]:
 
 
 def split_line(args, n_prompts: int) -> str:
+    train_levels, eval_levels = study_levels(args)
+    trained = ", ".join(map(str, train_levels or LEVELS))
+    if eval_levels:
+        levels = ", ".join(map(str, eval_levels))
+        shifted = not set(eval_levels) & set(train_levels or LEVELS)
+        return (f"Training prompts of levels {trained}; held-out: the standard test split's {n_prompts} prompts of "
+                f"levels {levels}" + (" (levels no training prompt has: a shifted distribution, as the DPH-RL "
+                                      "paper's cross-domain test sets; the base's pass rates by level are in "
+                                      "results/heldout_split/README.md)." if shifted else "."))
+    if train_levels:
+        return f"Training prompts of levels {trained}; held-out: the standard test split, {n_prompts} prompts."
     if args.split == "test":
         return f"Held-out: the standard test split, {n_prompts} prompts."
     return (f"Held-out: the **hard split**, {n_prompts} prompts of the test split the base solves only sometimes, "
             "chosen from the base's samples before any trained model was evaluated (results/heldout_split/README.md).")
 
 
+def passk_lines(evals: dict, k: int) -> list[str]:
+    """pass@j at T = 1 for j = 1, 2, 4, ..., k, mean +- 95% CI over seeds: where a method crosses the base."""
+    js = [str(2 ** i) for i in range(k.bit_length()) if 2 ** i <= k]
+    if k < 4 or not evals:
+        return []
+    lines = [f"## pass@j by j (T = 1, n = {k} samples per prompt)", "",
+             "| method | " + " | ".join(f"pass@{j}" for j in js) + " |", "|---|" + "---|" * len(js)]
+    for method, evs in evals.items():
+        cells = []
+        for j in js:
+            vals = [e["temperatures"]["1.0"]["pass@k"][j] for e in evs]
+            mean, half = mean_ci(vals) if len(vals) > 1 else (vals[0], 0.0)
+            cells.append(f"{mean:.3f} ± {half:.3f}" if len(vals) > 1 else f"{mean:.3f}")
+        lines.append(f"| {LABELS[method]} | " + " | ".join(cells) + " |")
+    return [*lines, ""]
+
+
 def write_page(out: Path, args, stats: dict, claim_lines: list[dict], wall_s: float, k: int,
-               n_prompts: int | None = None, per_seed: dict | None = None) -> str:
+               n_prompts: int | None = None, per_seed: dict | None = None, evals: dict | None = None) -> str:
     cols = ["greedy", f"avg@{k}", f"pass@{k}", "entropy", "kl_to_base", "keep_rate", "query_kl", "wall_s"]
     if args.entropy_every:  # the mean of the held-out entropy measured during training
         cols.insert(4, "heldout_entropy")
@@ -505,7 +563,8 @@ def write_page(out: Path, args, stats: dict, claim_lines: list[dict], wall_s: fl
         nums = "; ".join(f"{name}: {fmt(a)} vs {fmt(b)}" for name, (a, b) in c["numbers"].items())
         parts = ", ".join(f"{p}: {v}" for p, v in c["parts"].items())
         lines.append(f"| {c['paper']} | {c['claim']} | **{c['verdict']}** ({parts}) | {nums} |")
-    lines += ["", *paired_lines(per_seed or {}), "## Every number (held-out set, T = 1.0 unless stated)", "",
+    lines += ["", *paired_lines(per_seed or {}, k), *passk_lines(evals or {}, k),
+              "## Every number (held-out set, T = 1.0 unless stated)", "",
               "| method | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
     for method, s in stats.items():
         lines.append(f"| {LABELS[method]} | " + " | ".join(fmt(s[c]) for c in cols) + " |")
@@ -541,6 +600,10 @@ def main(argv: list[str] | None = None):
                     help="read every number on the held-out split, or on its hard prompts (--split_file)")
     ap.add_argument("--split_file", default=str(ROOT / "results" / "heldout_split" / "split.json"),
                     help="the hard prompts, chosen from the base's samples by benchmarks/heldout_split.py")
+    ap.add_argument("--train_levels", type=int, nargs="+", default=None,
+                    help="train on problems of these levels only (default: all training levels, 1-4)")
+    ap.add_argument("--eval_levels", type=int, nargs="+", default=None,
+                    help="read every number on the held-out prompts of these levels only (with --split test)")
     ap.add_argument("--entropy_every", type=int, default=0,
                     help="measure held-out token entropy at T = 1 every N steps (EEPO's claim; 0 = off); its time "
                          "is left out of the wall time")
@@ -554,6 +617,10 @@ def main(argv: list[str] | None = None):
     ap.add_argument("--lazy_value_pass", action="store_true",
                     help="A*-PO samples stage 1 only for the prompts the run reaches (APOConfig.lazy_value_pass)")
     args = ap.parse_args(argv)
+    for name in ("train_levels", "eval_levels"):
+        if getattr(args, name) and not set(getattr(args, name)) <= set(LEVELS):
+            ap.error(f"--{name} must be among the training levels {list(LEVELS)} (the held-out split draws from "
+                     f"them), got {getattr(args, name)}")
     if 1.0 not in args.temperatures:
         ap.error("--temperatures must include 1.0 (the training temperature; the claims are read there)")
     torch.set_num_threads(args.threads)
@@ -615,7 +682,7 @@ def main(argv: list[str] | None = None):
         plot_claims(claim_lines, out / "claims.png")
     plot_training_curves(runs, out / "training_curves.png")
     plot_eval(evals, k, args.temperatures, out)
-    page = write_page(out, args, stats, claim_lines, compute_s, k, len(test), per_seed)
+    page = write_page(out, args, stats, claim_lines, compute_s, k, len(test), per_seed, evals)
     _drop_per_prompt(base)
     (out / "replication.json").write_text(json.dumps(
         {"settings": vars(args), "command": " ".join(sys.argv), "wall_s": compute_s, "stats": stats, "claims": claim_lines,

@@ -169,3 +169,29 @@ def test_apo_paired_by_seed_is_information_beside_the_verdict():
     assert replicate.paired_lines({"grpo": per_seed["grpo"]}) == []
     assert replicate.paired_lines({"grpo": per_seed["grpo"], "apo": per_seed["apo"][:1]}) == []  # unmatched seeds
     assert replicate.paired_lines({m: rows[:1] for m, rows in per_seed.items()}) == []  # one seed: no interval
+
+
+def test_level_study_split_and_seed_by_seed_lines():
+    """--train_levels / --eval_levels (DPH-RL's shifted-distribution study): the held-out prompts of those levels only,
+    the training prompts of the others; pass@j by j and DPH-RL's seed-by-seed lines computed from the records."""
+    from trl_variants import load_default_dataset
+
+    ns = argparse.Namespace(split="test", eval_prompts=40, eval_levels=[3, 4], train_levels=[1, 2])
+    chosen = replicate.heldout_split(ns)
+    full = load_default_dataset(n_train=0, n_test=40)["test"]
+    assert list(chosen["prompt"]) == [p for p, lv in zip(full["prompt"], full["level"], strict=True) if lv in (3, 4)]
+    assert replicate.run_settings(argparse.Namespace(**vars(ns), steps=1, lr=1.0, G=2, max_len=8, train_prompts=4,
+                                                     k=4, temperatures=[1.0], logging_steps=1, threads=1,
+                                                     base_model="m", entropy_every=0, lazy_value_pass=False,
+                                                     apo_batch=32, apo_shard_size=64))["eval_levels"] == [3, 4]
+    assert "levels no training prompt has" in replicate.split_line(ns, 17)
+    evals = {"base": [{"temperatures": {"1.0": {"pass@k": {"1": 0.5, "2": 0.7, "4": 1.0}}}}],
+             "grpo": [{"temperatures": {"1.0": {"pass@k": {"1": 0.6, "2": 0.7, "4": 0.8}}}},
+                      {"temperatures": {"1.0": {"pass@k": {"1": 0.8, "2": 0.9, "4": 1.0}}}}]}
+    table = replicate.passk_lines(evals, 4)
+    assert table[-2].startswith("| GRPO") and "0.900 ± " in table[-2]  # mean of 0.8 and 1.0 at j = 4
+    assert table[-3].split("|")[1:4] == [" base ", " 0.500 ", " 0.700 "]
+    per_seed = {"base": [{"pass@4": 1.0}], "grpo": [{"pass@4": 0.8}, {"pass@4": 1.0}, {"pass@4": 0.9}],
+                "dph": [{"pass@4": 0.9}, {"pass@4": 0.7}, {"pass@4": 0.9}]}
+    text = " ".join(replicate.paired_lines(per_seed, 4))
+    assert "below the base's (1.000) in 2 of 3 seeds" in text and "at or above GRPO's in 2 of 3 seeds" in text

@@ -61,6 +61,7 @@ FREE_FIELDS = frozenset({
     "ref_prompt_logp_column",  # a column name
     "check_binary_rewards", "require_pef",  # a warning, an error
     "lazy_value_pass", "lazy_value_chunk_size",  # when A*-PO's stage 1 runs, not its values (the same shards)
+    "capture_stage2_logps",  # where EEPO reads stage 2's log-probs, not their values (float32 rounding apart)
 })
 
 _CHECKPOINT_DIR = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-(\d+)$")

@@ -134,21 +134,38 @@ def test_stage1_rescoring_only_on_logged_rollouts(tmp_path, capture):
     assert all(h["eepo/stage1_logp_change"] < 0 for h in logs)
 
 
-def _stage2_rollout(tmp_path, name, **kw):
+def _stage2_rollout(tmp_path, name, peft_config=None, **kw):
     """One unlearning rollout (G = 4, 2 prompts, a large step); returns the completions, each row's old log-probs
     and the rollout's metrics."""
-    eepo = _eepo(tmp_path / name, unlearning_lr=0.5, num_generations=4, per_device_train_batch_size=8, **kw)
+    kw.setdefault("entropy_gate", "always")
+    eepo = EEPOTrainer(model=DEFAULT_MODEL_PATH, reward_funcs=accuracy_reward, train_dataset=train_dataset(),
+                       args=small_config(EEPOConfig, tmp_path / name, unlearning_lr=0.5, num_generations=4,
+                                         per_device_train_batch_size=8, **kw), peft_config=peft_config)
+    forced = kw.get("capture_stage2_logps")
+    expected = forced if forced is not None else "generation_kwargs" not in kw  # the default reads, beams apart
+    assert [p.capture for p in eepo.parts if p.owns_rollout] == [expected]
     eepo.model.train()
     torch.manual_seed(0)
     completions, _ = eepo._generate_single_turn(_prompt_rows(eepo), None, {}, eepo.num_generations)
     return completions, eepo._pending_old_logps, {k: v[-1] for k, v in eepo._metrics["train"].items()}
 
 
-def test_stage2_logps_read_while_generating_equal_the_separate_forward(tmp_path):
+@pytest.mark.parametrize("peft", [False, True])
+def test_stage2_logps_read_while_generating_equal_the_separate_forward(tmp_path, peft):
     """capture_stage2_logps: the log-probs read from generate's own passes under the unlearned weights are the
-    separate forward's (TRL's fused head) up to float32 rounding; so are the metrics."""
-    c_read, old_read, m_read = _stage2_rollout(tmp_path, "read")  # default: read (float32, transformers generate)
-    c_fwd, old_fwd, m_fwd = _stage2_rollout(tmp_path, "forward", capture_stage2_logps=False)
+    separate forward's (TRL's fused head) up to float32 rounding; so are the metrics. With a LoRA adapter too (the
+    hook sits on the base model, which PeftModel.generate runs)."""
+    import warnings
+
+    kw = {}
+    if peft:
+        from peft import LoraConfig
+
+        kw["peft_config"] = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="EEPO")  # a fallback to the forward would make this test vacuous
+        c_read, old_read, m_read = _stage2_rollout(tmp_path, "read", **kw)  # default: read (float32, generate)
+    c_fwd, old_fwd, m_fwd = _stage2_rollout(tmp_path, "forward", capture_stage2_logps=False, **kw)
     assert c_read == c_fwd  # same seed, same unlearned weights: the same tokens
     assert [len(r) for r in old_read] == [len(c) for c in c_read]
     for a, b in zip(old_read, old_fwd, strict=True):
@@ -171,21 +188,60 @@ def test_stage2_read_falls_back_to_the_forward_with_a_warning(tmp_path):
     assert [p.capture for p in eepo.parts if p.owns_rollout] == [False]
 
 
+def test_reading_while_generating_by_hand():
+    """The hook's bookkeeping on hand-made passes: step t's distribution gathered at the token step t + 1 feeds back,
+    the last token read from the completion; a pass it cannot read (no token ids) or a mismatch gives None."""
+    from types import SimpleNamespace
+
+    from trl_variants.eepo.part import _LogpsWhileGenerating
+
+    logits = [torch.tensor([[0.0, 1.0, 2.0], [2.0, 0.0, 0.0]]), torch.tensor([[1.0, 1.0, 0.0], [0.0, 3.0, 0.0]])]
+    reader = _LogpsWhileGenerating(torch.nn.Identity(), temperature=2.0)
+    reader._read(None, (), {"input_ids": torch.tensor([[5, 6], [5, 7]])}, SimpleNamespace(logits=logits[0][:, None]))
+    reader._read(None, (), {"input_ids": torch.tensor([[2], [0]])}, SimpleNamespace(logits=logits[1][:, None]))
+    completions = [[2, 1], [0]]  # the second row ended after one token (its second column is masked)
+    logps, ent, mask = reader.scores(completions)
+    expected = [[torch.log_softmax(logits[0][0] / 2, -1)[2], torch.log_softmax(logits[1][0] / 2, -1)[1]],
+                [torch.log_softmax(logits[0][1] / 2, -1)[0], 0.0]]
+    torch.testing.assert_close(logps, torch.tensor(expected))
+    p0 = torch.softmax(logits[0][0] / 2, -1)
+    torch.testing.assert_close(ent[0, 0], -(p0 * p0.log()).sum())
+    assert mask.tolist() == [[1, 1], [1, 0]] and ent[1, 1] == 0
+    assert reader.scores([[1, 1], [0]]) is None  # the token fed back (2) is not the completion's (1)
+    assert reader.scores([[2, 1, 3], [0]]) is None  # more tokens than passes
+    blind = _LogpsWhileGenerating(torch.nn.Identity(), temperature=1.0)
+    blind._read(None, (), {"inputs_embeds": torch.zeros(2, 1, 4)}, SimpleNamespace(logits=logits[0][:, None]))
+    assert blind.unreadable and blind.scores([[2], [0]]) is None
+
+
 def test_capture_stage2_logps_rule():
     """None reads while generating only where that gives the forward's values; True/False force."""
     from types import SimpleNamespace
 
+    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
     from trl_variants.eepo.part import _captures_stage2
 
-    model = torch.nn.Linear(2, 2)
+    tiny = dict(vocab_size=8, hidden_size=8, intermediate_size=8, num_hidden_layers=1, num_attention_heads=1,
+                num_key_value_heads=1)
 
-    def trainer(capture=None, bf16=False, vllm=False, beams=1, dtype=torch.float32):
+    def trainer(capture=None, bf16=False, vllm=False, beams=1, dtype=torch.float32, model=None):
+        model = model if model is not None else LlamaForCausalLM(LlamaConfig(**tiny))
         return SimpleNamespace(
             args=SimpleNamespace(capture_stage2_logps=capture, bf16=bf16, fp16=False), use_vllm=vllm,
             use_transformers_continuous_batching=False, generation_config=SimpleNamespace(num_beams=beams),
             model=model.to(dtype), accelerator=SimpleNamespace(unwrap_model=lambda m: m))
 
     assert _captures_stage2(trainer()) is True
+    # absolute position embeddings: generate numbers a left-padded row's positions from its first token, a training
+    # forward from the first pad, so the values differ
+    gpt2 = GPT2LMHeadModel(GPT2Config(n_embd=8, n_layer=1, n_head=1, vocab_size=8, resid_pdrop=0.0,
+                                      embd_pdrop=0.0, attn_pdrop=0.0))
+    assert _captures_stage2(trainer(model=gpt2)) is False
+    # length-dependent RoPE, and dropout left on (a random forward)
+    assert _captures_stage2(trainer(model=LlamaForCausalLM(LlamaConfig(
+        **tiny, rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0})))) is False
+    assert _captures_stage2(trainer(model=LlamaForCausalLM(LlamaConfig(**tiny, attention_dropout=0.1)))) is False
     assert _captures_stage2(trainer(bf16=True)) is False
     assert _captures_stage2(trainer(vllm=True)) is False
     assert _captures_stage2(trainer(beams=2)) is False

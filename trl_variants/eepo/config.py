@@ -54,8 +54,9 @@ class EEPOConfig(DynamicSamplingConfig):
             come from. They are the unlearned model's log-probs of the stage-2 tokens, softmax(logits / T) before any
             logits processor. ``None``: read from the model's own forward passes while ``generate`` samples stage 2
             (no separate forward) when that gives the separate forward's values (transformers ``generate``, float32
-            weights, no bf16 / fp16), else a separate no-grad forward after generation (vLLM, continuous batching,
-            half precision). ``True``: always read while generating (refused with vLLM or continuous batching,
+            weights, no bf16 / fp16, no beam search, static rotary position embeddings, no dropout left on), else a
+            separate no-grad forward after generation (vLLM, continuous batching, half precision, GPT-2-style
+            absolute positions, ...; docs/eepo.md). ``True``: always read while generating (refused with vLLM or continuous batching,
             whose engines do not run the trainer's module; in half precision the values differ from a forward by the
             usual generation/training rounding); ``False``: always the separate forward. On the command line:
             ``--capture_stage2_logps true`` / ``false``.

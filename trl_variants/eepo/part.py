@@ -69,6 +69,7 @@ class _LogpsWhileGenerating(contextlib.AbstractContextManager):
     def __init__(self, module, temperature: float):
         self.module, self.temperature = module, temperature
         self.logps, self.entropies, self.fed, self._last = [], [], [], None
+        self.unreadable = False  # a pass without token ids or logits (e.g. embeddings fed in): score separately
 
     def __enter__(self):
         self._handle = self.module.register_forward_hook(self._read, with_kwargs=True)
@@ -80,11 +81,16 @@ class _LogpsWhileGenerating(contextlib.AbstractContextManager):
 
     def _read(self, module, args, kwargs, output):
         ids = kwargs.get("input_ids", args[0] if args else None)
+        logits = getattr(output, "logits", None)
+        if ids is None or logits is None or self.unreadable or (self._last is not None
+                                                                and self._last.size(0) != ids.size(0)):
+            self.unreadable = True
+            return
         if self._last is not None:
-            token = ids[:, -1:]
+            token = ids[:, -1:].to(self._last.device)  # the LM head may sit on another device (device_map)
             self.fed.append(token.squeeze(-1))
             self.logps.append(self._last.gather(-1, token).squeeze(-1))
-        logps = torch.log_softmax(output.logits[:, -1].float() / self.temperature, dim=-1)
+        logps = torch.log_softmax(logits[:, -1].float() / self.temperature, dim=-1)
         self.entropies.append(-(logps.exp() * logps).sum(-1))
         self._last = logps
 
@@ -92,7 +98,7 @@ class _LogpsWhileGenerating(contextlib.AbstractContextManager):
         """``(logps, entropies, mask)`` of ``completions`` (rows in generation order), padded like
         ``trainer._score``; None when the passes seen do not match the completions (then score them separately)."""
         steps, width = len(self.entropies), max((len(c) for c in completions), default=0)
-        if steps != width or width == 0 or self._last.size(0) != len(completions):
+        if self.unreadable or steps != width or width == 0 or self._last.size(0) != len(completions):
             return None  # e.g. beam search (several hypotheses per row)
         device = self._last.device
         ids = torch.zeros(len(completions), width, dtype=torch.long, device=device)
@@ -106,8 +112,32 @@ class _LogpsWhileGenerating(contextlib.AbstractContextManager):
         return logps * mask, torch.stack(self.entropies, dim=1) * mask, mask
 
 
+STATIC_ROPE = ("default", "linear", "llama3", "yarn")  # rotary embeddings that do not depend on the sequence length
+
+
+def _relative_positions(config) -> bool:
+    """Whether the model sees only relative positions (static rotary embeddings): then the positions ``generate``
+    gives a left-padded row (counted from its first real token) and those of a training forward (counted from the
+    first pad) give the same values. Absolute position embeddings (GPT-2 style) and length-dependent RoPE do not."""
+    rope = getattr(config, "rope_parameters", None)
+    if not isinstance(rope, dict) or not rope:
+        return False
+    kinds = [v.get("rope_type", "default") for v in rope.values()] if all(isinstance(v, dict) for v in rope.values()) \
+        else [rope.get("rope_type", "default")]
+    return all(kind in STATIC_ROPE for kind in kinds)
+
+
+def _dropout_active(model) -> bool:
+    """Whether a forward in train mode is random (dropout left on: GRPOConfig.disable_dropout=False and p > 0)."""
+    if any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules()):
+        return True
+    config = model.config.get_text_config().to_dict()
+    return any(isinstance(v, float) and v > 0 for k, v in config.items() if "dropout" in k)
+
+
 def _captures_stage2(trainer) -> bool:
-    """Whether stage 2's old log-probs are read while generating (``EEPOConfig.capture_stage2_logps``)."""
+    """Whether stage 2's old log-probs are read while generating (``EEPOConfig.capture_stage2_logps``): by default
+    only where that gives a separate forward's values."""
     args = trainer.args
     if args.capture_stage2_logps is not None:
         return args.capture_stage2_logps
@@ -116,7 +146,8 @@ def _captures_stage2(trainer) -> bool:
     if (getattr(trainer.generation_config, "num_beams", 1) or 1) > 1:  # beams: the passes score hypotheses
         return False
     model = trainer.accelerator.unwrap_model(trainer.model)
-    return all(p.dtype == torch.float32 for p in model.parameters())
+    return (all(p.dtype == torch.float32 for p in model.parameters())
+            and _relative_positions(model.config.get_text_config()) and not _dropout_active(model))
 
 
 class TwoStageRollout(Part):
@@ -213,9 +244,11 @@ class TwoStageRollout(Part):
             with reader:
                 c2, lp2 = grpo_generate(p2, None, {}, k2)
             captured = reader.scores(c2) if self.capture else None
-            if self.capture and captured is None:
-                warnings.warn("EEPO: the forward passes seen while generating stage 2 do not match its completions; "
-                              "stage 2 is scored in a separate forward instead", stacklevel=2)
+            if self.capture and captured is None:  # a generation path this cannot read: stop trying (warned once)
+                self.capture = False
+                warnings.warn("EEPO: the forward passes seen while generating stage 2 do not match its completions "
+                              "(another generation path); stage 2 is scored in a separate forward from now on "
+                              "(capture_stage2_logps=False does so without trying)", stacklevel=2)
             measure_drop = _rollout_is_logged(trainer)
             rescored_p, rescored_c = ([], []) if captured is not None else (p2, c2)
             if measure_drop:
