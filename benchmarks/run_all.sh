@@ -52,6 +52,9 @@ $PY benchmarks/probe_beyond_levels.py
 # DPH-RL's premise where its paper shows it: train on levels 1-2 only, read pass@k on the held-out levels 3-4
 $PY benchmarks/replicate.py --methods grpo dph --train_levels 1 2 --eval_levels 3 4 --k 64 --temperatures 1.0 \
     --work_dir outputs/replication_narrow --out results/replication_narrow
+# EEPO's entropy claim on the same shifted split (held-out entropy at T = 1 during training)
+$PY benchmarks/replicate.py --methods grpo eepo --train_levels 1 2 --eval_levels 3 4 --k 64 --temperatures 1.0 \
+    --entropy_every 50 --work_dir outputs/replication_narrow_eepo --out results/replication_narrow_eepo
 if [ "${1:-}" = "--extended" ] || [ "${1:-}" = "--medium" ]; then
   $PY benchmarks/bench_trainers.py --model medium --variants grpo_beta0 grpo_beta erpo eepo dph grpo_g2 apo a2po \
       --reps 2 --steps 4 --warmup 2 --out results/benchmarks/benchmarks_medium
