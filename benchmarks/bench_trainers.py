@@ -140,15 +140,14 @@ def _two_generates_trainer():
     a second one, as EEPO's stages do (nothing in between): what two sequential calls cost by themselves."""
     from trl import GRPOTrainer
 
-    from trl_variants.eepo.part import _interleave
+    from trl_variants.eepo.part import _interleave, stage_rows
 
     class TwoGenerates(GRPOTrainer):
         def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
             G = self.num_generations
-            first = [i for i in range(len(prompt_ids)) if i % G < (G + 1) // 2]
-            second = [i for i in range(len(prompt_ids)) if i % G >= (G + 1) // 2]
-            c1, lp1 = super()._generate_single_turn([prompt_ids[i] for i in first], None, {}, (G + 1) // 2)
-            c2, lp2 = super()._generate_single_turn([prompt_ids[i] for i in second], None, {}, G // 2)
+            first, second, k1 = stage_rows(len(prompt_ids), G)
+            c1, lp1 = super()._generate_single_turn([prompt_ids[i] for i in first], None, {}, k1)
+            c2, lp2 = super()._generate_single_turn([prompt_ids[i] for i in second], None, {}, G - k1)
             return _interleave(first, second, c1, c2, lp1, lp2)
 
     return TwoGenerates

@@ -48,6 +48,13 @@ def _interleave(idx1, idx2, a1, a2, b1, b2):
     return a, b
 
 
+def stage_rows(n_rows: int, G: int) -> tuple[list[int], list[int], int]:
+    """EEPO's split of a batch of groups of G consecutive rows: the rows of stage 1 (the first ceil(G/2) of each
+    group: the larger half when G is odd, as it also feeds the entropy gate), those of stage 2, and ceil(G/2)."""
+    k1 = (G + 1) // 2
+    return [i for i in range(n_rows) if i % G < k1], [i for i in range(n_rows) if i % G >= k1], k1
+
+
 def _rollout_is_logged(trainer) -> bool:
     """Whether a log falls within the optimizer steps this rollout feeds. Re-scoring stage 1 under the unlearned
     weights only feeds a metric, so it is done on those rollouts only (the same decision on every process)."""
@@ -192,10 +199,8 @@ class TwoStageRollout(Part):
         if images is not None or multimodal_fields:
             raise ValueError("EEPOTrainer supports text-only models")
         G = trainer.num_generations
-        k1 = (G + 1) // 2  # stage 1 takes the larger half when G is odd (it also feeds the entropy gate)
+        stage1, stage2, k1 = stage_rows(len(prompt_ids), G)
         k2 = G - k1
-        stage1 = [i for i in range(len(prompt_ids)) if i % G < k1]
-        stage2 = [i for i in range(len(prompt_ids)) if i % G >= k1]
         p1, p2 = [prompt_ids[i] for i in stage1], [prompt_ids[i] for i in stage2]
 
         # 1. stage 1 from the current policy (k1 consecutive copies of each prompt, as vLLM server mode expects)
