@@ -43,6 +43,9 @@ VARIANTS = {
     "dph": ("grpo_beta0_accuracy", "step time <= 1.05x GRPO(beta=0) with the same reward; peak memory < GRPO(beta>0)"),
     "parts_off": ("grpo_beta0", "ComposedTrainer with no part: costs nothing measurable (1.00x)"),
     "grpo_g2": (None, "(A*-PO's baseline: 2 completions per prompt)"),
+    "grpo_g2_half": ("grpo_g2", "(A*-PO's floor: GRPO(G=2, beta=0) on half the rows, i.e. as many completions as A*-PO's "
+                                "one per prompt, without A*-PO's reference forward: its step ratio is the per-prompt "
+                                "ratio any one-completion-per-prompt trainer starts from)"),
     "grpo_g2_paper": (None, "(the A*-PO paper's GRPO: 2 completions per prompt, KL beta = 1e-3, App. A.5)"),
     "a2po": (None, "(TRL experimental A2POTrainer, stage 2)"),
     "apo": ("grpo_g2", "time per prompt <= 0.6x GRPO(G=2); faster and lighter than A2POTrainer"),
@@ -106,6 +109,10 @@ def build_trainer(variant: str, model_path: str, out_dir: str, args):
                            args=GRPOConfig(**{**common, "per_device_train_batch_size": 2 * prompts,
                                               "num_generations": 2}, beta=1e-3 if variant == "grpo_g2_paper" else 0.0),
                            train_dataset=dataset)
+    if variant == "grpo_g2_half":  # A*-PO's rows (one per prompt), generated and trained as GRPO does
+        return GRPOTrainer(model=model_path, reward_funcs=accuracy_reward,
+                           args=GRPOConfig(**{**common, "per_device_train_batch_size": prompts, "num_generations": 2},
+                                           beta=0.0), train_dataset=dataset)
     if variant == "apo":
         return APOTrainer(model=model_path, reward_funcs=accuracy_reward,
                           args=APOConfig(**{**single, "num_generations": 1}, num_value_samples=4,

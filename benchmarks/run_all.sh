@@ -17,6 +17,9 @@ $PY benchmarks/bench_trainers.py --variants grpo_beta0 grpo_beta grpo_beta0_accu
     --reps 3 --steps 8 --out results/benchmarks/benchmarks
 $PY benchmarks/bench_trainers.py --variants grpo_g2 grpo_g2_paper apo a2po --batch 64 --G 2 --reps 3 --steps 8 \
     --out results/benchmarks/benchmarks_apo32
+# A*-PO against its floor: GRPO generating and training as many completions as A*-PO (half of GRPO(G=2)'s)
+$PY benchmarks/bench_trainers.py --variants grpo_g2 grpo_g2_half apo a2po --batch 64 --G 2 --reps 5 --steps 8 \
+    --out results/benchmarks/benchmarks_apo_floor
 # the parts trainers against their targets on one run, and EEPO against the cost of its two-call split alone
 $PY benchmarks/bench_trainers.py --variants grpo_beta0 grpo_beta0_accuracy erpo dph eepo parts_off --reps 5 --steps 8 \
     --out results/benchmarks/benchmarks_parts
