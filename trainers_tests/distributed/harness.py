@@ -166,7 +166,9 @@ def _config(name: str, world: int, out: Path):
     if name in ("composed", "composed_ds"):  # every method's parts at once: ERPO's weights and Query-KL, DPH-RL's
         # rehearsal, EEPO's rollout; composed_ds adds dynamic sampling (with a reward that leaves groups all-equal)
         parts = [p for p in PART_NAMES if name == "composed_ds" or p != "dapo_dynamic_sampling"]
-        return ComposedConfig(num_generations=4, parts=parts, entropy_gate="always", query_kl_coef=0.1,
+        # composed_ds: the paper's gate ("auto", held open by alpha), so stage 1's entropy is read while generating
+        gate = dict(entropy_gate="auto", entropy_threshold=1e3) if name == "composed_ds" else dict(entropy_gate="always")
+        return ComposedConfig(num_generations=4, parts=parts, **gate, query_kl_coef=0.1,
                               num_presamples=4, pef_threshold=4, pef_batch_size=8 // world, divergence="forward_kl",
                               dph_coef=1.0, presample_cache_dir=str(out / "cache"),
                               **dict(common, max_completion_length=40))

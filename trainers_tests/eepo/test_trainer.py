@@ -150,14 +150,15 @@ def _stage2_rollout(tmp_path, name, peft_config=None, **kw):
     return completions, eepo._pending_old_logps, {k: v[-1] for k, v in eepo._metrics["train"].items()}
 
 
-@pytest.mark.parametrize("peft", [False, True])
-def test_stage2_logps_read_while_generating_equal_the_separate_forward(tmp_path, peft):
+@pytest.mark.parametrize("peft,gate", [(False, "always"), (True, "always"), (False, "auto")])
+def test_stage2_logps_read_while_generating_equal_the_separate_forward(tmp_path, peft, gate):
     """capture_stage2_logps: the log-probs read from generate's own passes under the unlearned weights are the
     separate forward's (TRL's fused head) up to float32 rounding; so are the metrics. With a LoRA adapter too (the
-    hook sits on the base model, which PeftModel.generate runs)."""
+    hook sits on the base model, which PeftModel.generate runs). With the gate on "auto" (held open here) stage 1's
+    entropy is read too, then the forward with gradient runs for the unlearning step: same values."""
     import warnings
 
-    kw = {}
+    kw = {} if gate == "always" else {"entropy_gate": "auto", "entropy_threshold": 100.0}
     if peft:
         from peft import LoraConfig
 
@@ -173,6 +174,35 @@ def test_stage2_logps_read_while_generating_equal_the_separate_forward(tmp_path,
     assert m_read.keys() == m_fwd.keys()
     for k in m_fwd:
         assert m_read[k] == pytest.approx(m_fwd[k], abs=1e-5), k
+
+
+@pytest.mark.parametrize("capture", [None, False])
+def test_closed_gate_reads_stage1_entropy_while_generating(tmp_path, capture):
+    """Gate on "auto" and closed: stage 1's entropy is read from generate's own passes, so the rollout runs no
+    forward at all (capture_stage2_logps=False: the one forward with gradient, as before); the gate's entropy equals
+    a separate forward's within float32 rounding, and every row's old log-probs are TRL's (no unlearning)."""
+    eepo = _eepo(tmp_path, entropy_gate="auto", entropy_threshold=1e-9, num_generations=4,
+                 per_device_train_batch_size=8, capture_stage2_logps=capture)
+    forwards = []
+    score = eepo._score
+
+    def counting_score(model, prompts, completions, entropy=False):
+        forwards.append(torch.is_grad_enabled())
+        return score(model, prompts, completions, entropy)
+
+    eepo._score = counting_score
+    eepo.model.train()
+    prompts = _prompt_rows(eepo)
+    torch.manual_seed(0)
+    completions, _ = eepo._generate_single_turn(prompts, None, {}, eepo.num_generations)
+    assert eepo._metrics["train"]["eepo/gate"] == [0.0] and eepo._pending_old_logps is None
+    assert forwards == ([] if capture is None else [True])
+    s1 = [i for i in range(len(prompts)) if i % 4 < 2]
+    with torch.no_grad():
+        _, ent, mask = score(eepo.model, [prompts[i] for i in s1], [completions[i] for i in s1], entropy=True)
+    expected = ((ent * mask).sum() / mask.sum()).item()
+    assert eepo._metrics["train"]["eepo/entropy_stage1"][-1] == pytest.approx(expected, abs=1e-5)
+    assert eepo._metrics["train"]["eepo/entropy_stage1"][-1] > 1e-3  # a real entropy, not an empty read
 
 
 def test_stage2_read_falls_back_to_the_forward_with_a_warning(tmp_path):

@@ -4,7 +4,9 @@ Algorithm 1; docs/algorithms.md).
 For each group of G completions, in place of GRPO's sampling of the batch (the part owns the rollout):
 
 1. sample ceil(G/2) completions per prompt from the rollout model (= current policy);
-2. measure their mean token entropy H_t; H_bar = mean of the last m values (eq. 4-5);
+2. measure their mean token entropy H_t; H_bar = mean of the last m values (eq. 4-5) (with the gate on "auto" the
+   entropy is read from ``generate``'s own forward passes where ``EEPOConfig.capture_stage2_logps`` allows, so a
+   closed gate costs no forward; otherwise from the forward with gradient that step 3 needs);
 3. if H_bar < alpha: ONE plain gradient step (lr eta, no momentum) on the rollout weights that lowers the probability
    of the stage-1 tokens, minimising ``mean_seq mean_tok -log(1 - clip(p, eps_L, 1 - eps_R))`` (eq. 7-11);
 4. sample the other floor(G/2) completions from the updated rollout model, and score them under it (their old log-probs:
@@ -204,11 +206,18 @@ class TwoStageRollout(Part):
         p1, p2 = [prompt_ids[i] for i in stage1], [prompt_ids[i] for i in stage2]
 
         # 1. stage 1 from the current policy (k1 consecutive copies of each prompt, as vLLM server mode expects)
-        c1, lp1 = grpo_generate(p1, None, {}, k1)
         model = trainer.accelerator.unwrap_model(trainer.model)
-        # 2. entropy gate (one forward with grad: its log-probs also feed the unlearning loss)
-        with torch.enable_grad():
-            logps1, ent1, mask1 = trainer._score(model, p1, c1, entropy=True)
+        with self._reader(model) if trainer.args.entropy_gate == "auto" else contextlib.nullcontext() as reader:
+            c1, lp1 = grpo_generate(p1, None, {}, k1)  # "auto": read while generating, a closed gate needs no forward
+        read1 = self._read(reader, c1, stage=1)
+        # 2. entropy gate: stage 1's entropy read while generating it, or from the forward with grad whose log-probs
+        #    feed the unlearning loss (then that forward also serves the gate)
+        logps1 = None
+        if read1 is None:
+            with torch.enable_grad():
+                logps1, ent1, mask1 = trainer._score(model, p1, c1, entropy=True)
+        else:
+            _, ent1, mask1 = read1
         h_t = trainer._global_mean(ent1.detach(), mask1)
         trainer._entropy_history.append(h_t)
         h_bar = sum(trainer._entropy_history) / len(trainer._entropy_history)
@@ -224,6 +233,9 @@ class TwoStageRollout(Part):
         # 3. one plain gradient step on the rollout weights, lowering p(stage-1 tokens): the gradient of the loss
         #    over ALL stage-1 sequences of the global batch (mean over sequences), summed over processes, so that
         #    every process holds the same unlearned model
+        if logps1 is None:  # the gate was read while generating: the forward with grad only now that it is needed
+            with torch.enable_grad():
+                logps1, _, mask1 = trainer._score(model, p1, c1)
         params = [p for p in model.parameters() if p.requires_grad]
         snapshot = [p.detach().clone() for p in params]
         seq_terms, has_tokens = losses.unlearning_sequence_terms(
@@ -244,16 +256,9 @@ class TwoStageRollout(Part):
             # 4. stage 2 from the unlearned rollout model, scored under it (its old log-probs and entropy): read
             #    while generating, or in a separate forward; on rollouts that will be logged stage 1 is re-scored
             #    under it too (how much the step lowered it)
-            reader = _LogpsWhileGenerating(model.get_base_model() if is_peft_model(model) else model,
-                                           trainer.temperature) if self.capture else contextlib.nullcontext()
-            with reader:
+            with self._reader(model) as reader:
                 c2, lp2 = grpo_generate(p2, None, {}, k2)
-            captured = reader.scores(c2) if self.capture else None
-            if self.capture and captured is None:  # a generation path this cannot read: stop trying (warned once)
-                self.capture = False
-                warnings.warn("EEPO: the forward passes seen while generating stage 2 do not match its completions "
-                              "(another generation path); stage 2 is scored in a separate forward from now on "
-                              "(capture_stage2_logps=False does so without trying)", stacklevel=2)
+            captured = self._read(reader, c2, stage=2)
             measure_drop = _rollout_is_logged(trainer)
             rescored_p, rescored_c = ([], []) if captured is not None else (p2, c2)
             if measure_drop:
@@ -286,6 +291,26 @@ class TwoStageRollout(Part):
         trainer._pending_old_logps = _interleave(stage1, stage2, rows1, rows2, None, None)[0]
         trainer._pending_stage2 = stage2
         return _interleave(stage1, stage2, c1, c2, lp1, lp2)
+
+    def _reader(self, model):
+        """What reads log-probs while ``generate`` samples (nothing when this rollout does not read them)."""
+        if not self.capture:
+            return contextlib.nullcontext()
+        return _LogpsWhileGenerating(model.get_base_model() if is_peft_model(model) else model,
+                                     self.trainer.temperature)
+
+    def _read(self, reader, completions, stage: int):
+        """``(logps, entropies, mask)`` read while generating ``completions``, or None: not read, or (warned once,
+        then never tried again) a generation path whose passes do not match the completions."""
+        if reader is None or not self.capture:
+            return None
+        scores = reader.scores(completions)
+        if scores is None:
+            self.capture = False
+            warnings.warn(f"EEPO: the forward passes seen while generating stage {stage} do not match its completions "
+                          "(another generation path); stages 1 and 2 are scored in separate forwards from now on "
+                          "(capture_stage2_logps=False does so without trying)", stacklevel=3)
+        return scores
 
     def after_rollout(self, trainer, inputs, output) -> None:
         """Each row's old log-probs (and, with vLLM, its sampler/trainer correction) taken against the weights that
