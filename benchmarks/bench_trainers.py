@@ -269,7 +269,7 @@ def child(args) -> None:
         "step_time_s": statistics.median(steps),
         "training_step_s": statistics.median(step_times[args.warmup:]),
         "generate_s": statistics.median(gen_times[args.warmup:]),  # part of the step spent in `generate`
-        "prompts_per_step": args.batch // args.G,
+        "prompts_per_step": args.batch // args.G // (2 if args.child == "grpo_g2_half" else 1),
         "peak_mem_mb": (torch.cuda.max_memory_allocated() / 2**20 if args.gpu
                         else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
         "holds_ref_model": getattr(trainer, "ref_model", None) is not None,
