@@ -166,8 +166,10 @@ def _config(name: str, world: int, out: Path):
     if name in ("composed", "composed_ds"):  # every method's parts at once: ERPO's weights and Query-KL, DPH-RL's
         # rehearsal, EEPO's rollout; composed_ds adds dynamic sampling (with a reward that leaves groups all-equal)
         parts = [p for p in PART_NAMES if name == "composed_ds" or p != "dapo_dynamic_sampling"]
-        # composed_ds: the paper's gate ("auto", held open by alpha), so stage 1's entropy is read while generating
-        gate = dict(entropy_gate="auto", entropy_threshold=1e3) if name == "composed_ds" else dict(entropy_gate="always")
+        # composed_ds: the paper's gate ("auto", held open by alpha) and log-probs read while generating (forced: the
+        # model is float64), so stage 1's entropy and stage 2's old log-probs come from the row-by-row generate calls
+        gate = dict(entropy_gate="auto", entropy_threshold=1e3, capture_stage2_logps=True) if name == "composed_ds" \
+            else dict(entropy_gate="always")
         return ComposedConfig(num_generations=4, parts=parts, **gate, query_kl_coef=0.1,
                               num_presamples=4, pef_threshold=4, pef_batch_size=8 // world, divergence="forward_kl",
                               dph_coef=1.0, presample_cache_dir=str(out / "cache"),
@@ -255,6 +257,8 @@ def main(name: str, out: str) -> None:
         text = json.dumps([part.to_dict() for part in parts], sort_keys=True, default=str)
         observed["offline_pass_digest"] = hashlib.sha256(text.encode()).hexdigest()
     trainer.train()
+    if name in ("eepo", "composed", "composed_ds"):  # whether EEPO still reads log-probs while generating (no fallback)
+        observed["reads_while_generating"] = [p.capture for p in trainer.parts if p.owns_rollout][0]
     if name == "dapo_stream":  # where the refill stream stood at the end, and the rows it read
         part = trainer.part("dapo_dynamic_sampling")
         observed["refill_pos"] = part.stream.pos

@@ -98,3 +98,5 @@ def test_two_processes_train_as_one(tmp_path, trainer, port):
         ranks = [json.loads((tmp_path / "two" / f"rank{r}.json").read_text()) for r in (0, 1)]
         digests = [r["rollout_model_digests"] for r in ranks]
         assert len(digests[0]) == sum(rounds) and digests[0] == digests[1]  # one EEPO unlearning per round
+        one = json.loads((tmp_path / "one" / "rank0.json").read_text())
+        assert one["reads_while_generating"] and all(r["reads_while_generating"] for r in ranks)  # never fell back

@@ -134,9 +134,10 @@ def test_stage1_rescoring_only_on_logged_rollouts(tmp_path, capture):
     assert all(h["eepo/stage1_logp_change"] < 0 for h in logs)
 
 
-def _stage2_rollout(tmp_path, name, peft_config=None, **kw):
+def _stage2_rollout(tmp_path, name, peft_config=None, forwards=None, **kw):
     """One unlearning rollout (G = 4, 2 prompts, a large step); returns the completions, each row's old log-probs
-    and the rollout's metrics."""
+    and the rollout's metrics. ``forwards``: a list that receives ``(grad enabled, entropy)`` of each separate
+    forward."""
     kw.setdefault("entropy_gate", "always")
     eepo = EEPOTrainer(model=DEFAULT_MODEL_PATH, reward_funcs=accuracy_reward, train_dataset=train_dataset(),
                        args=small_config(EEPOConfig, tmp_path / name, unlearning_lr=0.5, num_generations=4,
@@ -144,6 +145,14 @@ def _stage2_rollout(tmp_path, name, peft_config=None, **kw):
     forced = kw.get("capture_stage2_logps")
     expected = forced if forced is not None else "generation_kwargs" not in kw  # the default reads, beams apart
     assert [p.capture for p in eepo.parts if p.owns_rollout] == [expected]
+    if forwards is not None:
+        score = eepo._score
+
+        def recording_score(model, prompts, completions, entropy=False):
+            forwards.append((torch.is_grad_enabled(), entropy))
+            return score(model, prompts, completions, entropy)
+
+        eepo._score = recording_score
     eepo.model.train()
     torch.manual_seed(0)
     completions, _ = eepo._generate_single_turn(_prompt_rows(eepo), None, {}, eepo.num_generations)
@@ -163,9 +172,12 @@ def test_stage2_logps_read_while_generating_equal_the_separate_forward(tmp_path,
         from peft import LoraConfig
 
         kw["peft_config"] = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+    forwards = []
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message="EEPO")  # a fallback to the forward would make this test vacuous
-        c_read, old_read, m_read = _stage2_rollout(tmp_path, "read", **kw)  # default: read (float32, generate)
+        c_read, old_read, m_read = _stage2_rollout(tmp_path, "read", forwards=forwards, **kw)  # default: read
+    # the forward with gradient (the unlearning loss) runs; the gate's entropy comes from it only when not read
+    assert forwards[0] == (True, gate == "always")
     c_fwd, old_fwd, m_fwd = _stage2_rollout(tmp_path, "forward", capture_stage2_logps=False, **kw)
     assert c_read == c_fwd  # same seed, same unlearned weights: the same tokens
     assert [len(r) for r in old_read] == [len(c) for c in c_read]
@@ -205,14 +217,19 @@ def test_closed_gate_reads_stage1_entropy_while_generating(tmp_path, capture):
     assert eepo._metrics["train"]["eepo/entropy_stage1"][-1] > 1e-3  # a real entropy, not an empty read
 
 
-def test_stage2_read_falls_back_to_the_forward_with_a_warning(tmp_path):
+@pytest.mark.parametrize("gate", ["always", "auto"])
+def test_stage2_read_falls_back_to_the_forward_with_a_warning(tmp_path, gate):
     """Beam search feeds several hypotheses per row: what the passes saw is not the completions, so stage 2 is
-    scored in a separate forward (same values), with a warning; the default does not even try with beams."""
-    with pytest.warns(UserWarning, match="do not match its completions"):
+    scored in a separate forward (same values), with a warning; the default does not even try with beams. With the
+    gate on "auto" (held open) stage 1's read fails first: one warning, then the forwards for both stages."""
+    kw = {} if gate == "always" else {"entropy_gate": "auto", "entropy_threshold": 100.0}
+    stage = 2 if gate == "always" else 1
+    with pytest.warns(UserWarning, match=f"generating stage {stage} do not match its completions") as record:
         c_read, old_read, _ = _stage2_rollout(tmp_path, "forced", capture_stage2_logps=True,
-                                              generation_kwargs={"num_beams": 2})
+                                              generation_kwargs={"num_beams": 2}, **kw)
+    assert sum("do not match its completions" in str(w.message) for w in record) == 1
     c_fwd, old_fwd, _ = _stage2_rollout(tmp_path, "forward", capture_stage2_logps=False,
-                                        generation_kwargs={"num_beams": 2})
+                                        generation_kwargs={"num_beams": 2}, **kw)
     assert c_read == c_fwd and old_read == old_fwd
     eepo = _eepo(tmp_path / "auto", generation_kwargs={"num_beams": 2})
     assert [p.capture for p in eepo.parts if p.owns_rollout] == [False]
@@ -242,6 +259,65 @@ def test_reading_while_generating_by_hand():
     blind = _LogpsWhileGenerating(torch.nn.Identity(), temperature=1.0)
     blind._read(None, (), {"inputs_embeds": torch.zeros(2, 1, 4)}, SimpleNamespace(logits=logits[0][:, None]))
     assert blind.unreadable and blind.scores([[2], [0]]) is None
+
+
+def test_reading_several_generate_calls_by_hand():
+    """Several generate calls in one context (a generation path that samples row by row): a pass whose KV cache holds
+    only its own tokens starts a new call, whose rows follow the previous call's; each call is read as one."""
+    from types import SimpleNamespace
+
+    from trl_variants.eepo.part import _LogpsWhileGenerating
+
+    class Cache:  # what transformers caches expose: the tokens they hold after the pass
+        def __init__(self, n):
+            self.n = n
+
+        def get_seq_length(self):
+            return self.n
+
+    a = [torch.tensor([[0.0, 1.0, 2.0]]), torch.tensor([[1.0, 1.0, 0.0]])]  # call 1: one row, two steps
+    b = [torch.tensor([[2.0, 0.0, 0.0], [0.0, 0.0, 3.0]])]  # call 2: two rows, one step
+    reader = _LogpsWhileGenerating(torch.nn.Identity(), temperature=1.0)
+    reader._read(None, (), {"input_ids": torch.tensor([[5, 6, 7]]), "past_key_values": Cache(3)},
+                 SimpleNamespace(logits=a[0][:, None]))
+    reader._read(None, (), {"input_ids": torch.tensor([[2]]), "past_key_values": Cache(4)},
+                 SimpleNamespace(logits=a[1][:, None]))
+    reader._read(None, (), {"input_ids": torch.tensor([[5, 6], [5, 7]]), "cache": Cache(2)},  # transformers' new name
+                 SimpleNamespace(logits=b[0][:, None]))
+    logps, ent, mask = reader.scores([[2, 1], [0], [2]])
+    ls = [torch.log_softmax(x, -1) for x in (a[0][0], a[1][0], b[0][0], b[0][1])]
+    torch.testing.assert_close(logps, torch.stack([torch.stack([ls[0][2], ls[1][1]]), torch.stack([ls[2][0], torch.tensor(0.0)]),
+                                                   torch.stack([ls[3][2], torch.tensor(0.0)])]))
+    assert mask.tolist() == [[1, 1], [1, 0], [1, 0]]
+    torch.testing.assert_close(ent[2, 0], -(ls[3].exp() * ls[3]).sum())
+    assert reader.scores([[2, 1], [0]]) is None  # fewer completions than rows read
+    assert reader.scores([[2], [0], [2]]) is None  # call 1 ran two steps: its row has two tokens
+
+
+def test_reading_row_by_row_generation_equals_the_forward():
+    """The read around generate calls of one row each (as the 2-process harness samples) equals a plain forward."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from trl_variants.eepo.part import _LogpsWhileGenerating
+
+    model = AutoModelForCausalLM.from_pretrained(DEFAULT_MODEL_PATH).eval()
+    tok = AutoTokenizer.from_pretrained(DEFAULT_MODEL_PATH)
+    prompts = [tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, tokenize=True,
+                                       return_dict=True)["input_ids"] for t in ("What is 4 + 7?", "What is 12 + 5 + 3?")]
+    torch.manual_seed(0)
+    completions = []
+    with torch.no_grad(), _LogpsWhileGenerating(model, temperature=1.5) as reader:
+        for p in prompts:
+            out = model.generate(torch.tensor([p]), do_sample=True, temperature=1.5, max_new_tokens=12)[0, len(p):]
+            c = out.tolist()
+            completions.append(c[: c.index(tok.eos_token_id) + 1] if tok.eos_token_id in c else c)
+    logps, _, mask = reader.scores(completions)
+    assert len(reader.calls) == 2 and mask.sum().item() == sum(len(c) for c in completions)
+    assert min(len(c) for c in completions) > 3  # real completions, not an immediate end of sequence
+    with torch.no_grad():
+        expected = _plain_logps(model, prompts, completions, temperature=1.5)
+    for i, e in enumerate(expected):
+        torch.testing.assert_close(logps[i, : len(e)], e, atol=1e-4, rtol=0)
 
 
 def test_capture_stage2_logps_rule():

@@ -57,9 +57,9 @@ class EEPOConfig(DynamicSamplingConfig):
             weights, no bf16 / fp16, no beam search, static rotary position embeddings, no dropout left on), else a
             separate no-grad forward after generation (vLLM, continuous batching, half precision, GPT-2-style
             absolute positions, ...; docs/eepo.md). With ``entropy_gate="auto"`` the same applies to stage 1's
-            entropy for the gate, so a closed gate runs no forward. ``True``: always read while generating (refused with vLLM or continuous batching,
-            whose engines do not run the trainer's module; in half precision the values differ from a forward by the
-            usual generation/training rounding); ``False``: always the separate forward. On the command line:
+            entropy for the gate, so a closed gate runs no forward. ``True``: always read while generating
+            (refused with vLLM or continuous batching, whose engines do not run the trainer's module; in half
+            precision the values differ from a forward by the usual generation/training rounding); ``False``: always the separate forward. On the command line:
             ``--capture_stage2_logps true`` / ``false``.
     """
 

@@ -73,11 +73,13 @@ class _LogpsWhileGenerating(contextlib.AbstractContextManager):
     """The log-probs and entropies of the tokens ``generate`` picks, read from the model's own forward passes while
     it samples: at each decoding step, ``log_softmax(logits / T)`` of the last position (the model's distribution,
     before any logits processor: what a separate forward gives), gathered at the token the next step feeds back
-    (the last step's token is read from the completions). Holds one ``(batch, vocab)`` row block at a time."""
+    (the last step's token is read from the completions). Holds one ``(batch, vocab)`` row block at a time. Several
+    ``generate`` calls inside one context (e.g. a generation path that samples row by row) are read one after the
+    other: a pass whose KV cache holds only its own tokens starts a new call, whose rows follow the previous ones."""
 
     def __init__(self, module, temperature: float):
         self.module, self.temperature = module, temperature
-        self.logps, self.entropies, self.fed, self._last = [], [], [], None
+        self.calls: list[dict] = []  # per generate call: logps, entropies, fed (lists of (rows,) tensors), last
         self.unreadable = False  # a pass without token ids or logits (e.g. embeddings fed in): score separately
 
     def __enter__(self):
@@ -88,37 +90,72 @@ class _LogpsWhileGenerating(contextlib.AbstractContextManager):
         self._handle.remove()
         return False
 
+    @staticmethod
+    def _first_pass(kwargs, ids) -> bool:
+        """A generate call's first (prefill) pass: after it, its KV cache holds exactly the tokens it was fed (the
+        cache is ``cache=`` from transformers 5.x's rename on, ``past_key_values=`` before)."""
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))
+        length = getattr(cache, "get_seq_length", None)
+        return length is not None and length() == ids.size(1)
+
     def _read(self, module, args, kwargs, output):
         ids = kwargs.get("input_ids", args[0] if args else None)
         logits = getattr(output, "logits", None)
-        if ids is None or logits is None or self.unreadable or (self._last is not None
-                                                                and self._last.size(0) != ids.size(0)):
+        if ids is None or logits is None or self.unreadable:
             self.unreadable = True
             return
-        if self._last is not None:
-            token = ids[:, -1:].to(self._last.device)  # the LM head may sit on another device (device_map)
-            self.fed.append(token.squeeze(-1))
-            self.logps.append(self._last.gather(-1, token).squeeze(-1))
-        logps = torch.log_softmax(logits[:, -1].float() / self.temperature, dim=-1)
-        self.entropies.append(-(logps.exp() * logps).sum(-1))
-        self._last = logps
+        if not self.calls or self._first_pass(kwargs, ids):
+            self.calls.append({"logps": [], "entropies": [], "fed": [], "last": None})
+        call = self.calls[-1]
+        last = call["last"]
+        if last is not None:
+            if last.size(0) != ids.size(0):
+                self.unreadable = True
+                return
+            token = ids[:, -1:].to(last.device)  # the LM head may sit on another device (device_map)
+            call["fed"].append(token.squeeze(-1))
+            call["logps"].append(last.gather(-1, token).squeeze(-1))
+        step = logits[:, -1]
+        step = step.float() if step.dtype in (torch.float16, torch.bfloat16) else step
+        logps = torch.log_softmax(step / self.temperature, dim=-1)
+        call["entropies"].append(-(logps.exp() * logps).sum(-1))
+        call["last"] = logps
 
     def scores(self, completions):
         """``(logps, entropies, mask)`` of ``completions`` (rows in generation order), padded like
         ``trainer._score``; None when the passes seen do not match the completions (then score them separately)."""
-        steps, width = len(self.entropies), max((len(c) for c in completions), default=0)
-        if self.unreadable or steps != width or width == 0 or self._last.size(0) != len(completions):
-            return None  # e.g. beam search (several hypotheses per row)
-        device = self._last.device
-        ids = torch.zeros(len(completions), width, dtype=torch.long, device=device)
-        mask = torch.zeros(len(completions), width, dtype=torch.long, device=device)
+        if self.unreadable or not self.calls:
+            return None
+        parts, row = [], 0
+        for call in self.calls:
+            rows = call["last"].size(0)
+            part = self._call_scores(call, completions[row:row + rows])
+            if part is None:
+                return None
+            parts.append(part)
+            row += rows
+        if row != len(completions):
+            return None
+        width = max(len(c) for c in completions)
+        return tuple(torch.cat([torch.nn.functional.pad(p[k], (0, width - p[k].size(1))) for p in parts])
+                     for k in range(3))
+
+    @staticmethod
+    def _call_scores(call, completions):
+        """One generate call's ``(logps, entropies, mask)``, or None (e.g. beam search: several hypotheses per row)."""
+        steps, width = len(call["entropies"]), max((len(c) for c in completions), default=0)
+        last = call["last"]
+        if steps != width or width == 0 or last.size(0) != len(completions):
+            return None
+        ids = torch.zeros(len(completions), width, dtype=torch.long, device=last.device)
+        mask = torch.zeros(len(completions), width, dtype=torch.long, device=last.device)
         for i, c in enumerate(completions):
             ids[i, : len(c)] = torch.tensor(c, dtype=torch.long)
             mask[i, : len(c)] = 1
-        if self.fed and not torch.equal(torch.stack(self.fed, 1) * mask[:, :-1], ids[:, :-1] * mask[:, :-1]):
+        if call["fed"] and not torch.equal(torch.stack(call["fed"], 1) * mask[:, :-1], ids[:, :-1] * mask[:, :-1]):
             return None  # the tokens fed back are not the completions' (another generation path)
-        logps = torch.stack([*self.logps, self._last.gather(-1, ids[:, -1:]).squeeze(-1)], dim=1)
-        return logps * mask, torch.stack(self.entropies, dim=1) * mask, mask
+        logps = torch.stack([*call["logps"], last.gather(-1, ids[:, -1:]).squeeze(-1)], dim=1)
+        return logps * mask, torch.stack(call["entropies"], dim=1) * mask, mask
 
 
 STATIC_ROPE = ("default", "linear", "llama3", "yarn")  # rotary embeddings that do not depend on the sequence length
