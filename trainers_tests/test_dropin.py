@@ -64,8 +64,9 @@ EXPECTED: dict[str, dict[str, str]] = {
         **dict.fromkeys(["dph", "apo"], "needs a train_dataset")},
 }
 
-# each method's own additions, switched on (ERPO's Query-KL is off by default)
-METHOD_ARGS = {"grpo": {}, "erpo": dict(query_kl_coef=0.1), "eepo": dict(entropy_gate="always"),
+# each method's own additions, switched on (ERPO's Query-KL is off by default; EEPO's paper gate, held open by alpha,
+# so every rollout unlearns and stage 1's entropy is read while generating where the default allows it)
+METHOD_ARGS = {"grpo": {}, "erpo": dict(query_kl_coef=0.1), "eepo": dict(entropy_gate="auto", entropy_threshold=100.0),
                "dph": dict(SMALL_METHOD_ARGS["dph"]), "apo": dict(SMALL_METHOD_ARGS["apo"])}
 
 
