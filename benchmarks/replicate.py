@@ -28,7 +28,10 @@ A's interval not entirely below B's. A part *does not hold* when the intervals a
 Each finished (method, seed) is saved in ``<work_dir>/<method>-seed<n>/run.json`` (the base's evaluation in
 ``<work_dir>/base.json``) and reused when the script
 is run again with the same settings, so an interrupted replication continues where it stopped (and more seeds can be
-added later); the wall time reported is the sum of the recorded runs.
+added later); the wall time reported is the sum of the recorded runs. A run whose training settings match but whose
+evaluation settings differ (``--k``, ``--temperatures``, and ``--eval_levels`` / ``--split`` unless ``--entropy_every``
+reads them during training) is not trained again: its saved model is evaluated again (its wall time then counts its
+setup, its training and the new evaluation).
 
 Writes ``--out`` (default ``results/replication/``): ``replication.json`` (every number, per seed),
 ``README.md`` (claim table, settings, seeds, wall time, the command), ``claims.png`` (the headline: each claim's
@@ -218,6 +221,24 @@ def saved_record(path: Path, args) -> dict | None:
     """The record at ``path`` if it exists and was made with these settings (then it is reused), else None."""
     record = json.loads(path.read_text()) if path.exists() else None
     return record if record is not None and record["settings"] == run_settings(args) else None
+
+
+def evaluation_only_settings(args) -> set[str]:
+    """The settings a finished run's training does not depend on: what is read after training (k, temperatures, and
+    the held-out prompts when nothing is measured on them during training)."""
+    keys = {"k", "temperatures"}
+    return keys if args.entropy_every else keys | {"split", "eval_levels"}
+
+
+def saved_training(path: Path, args) -> dict | None:
+    """The record at ``path`` if its model was trained with these settings but read with other evaluation settings
+    (then the saved model is evaluated again instead of trained again), else None."""
+    record = json.loads(path.read_text()) if path.exists() else None
+    if record is None or not (path.parent / "config.json").exists():
+        return None
+    skip = evaluation_only_settings(args)
+    mine = {k: v for k, v in run_settings(args).items() if k not in skip}
+    return record if {k: v for k, v in record["settings"].items() if k not in skip} == mine else None
 
 
 def _drop_per_prompt(ev: dict) -> None:
@@ -651,12 +672,19 @@ def main(argv: list[str] | None = None):
             model_dir = Path(args.work_dir) / f"{method}-seed{seed}"
             record = model_dir / "run.json"  # one finished (method, seed): reused when rerun with the same settings
             done = saved_record(record, args)
+            trained = saved_training(record, args) if done is None else None
             if done is not None:
                 run, ev = done["run"], done["evaluation"]
                 print(f"{method} seed {seed}: reusing {record}", flush=True)
             else:
                 t0 = time.perf_counter()
-                run = train(method, seed, args, model_dir) | {"model_dir": str(model_dir), "seed": seed}
+                if trained is not None:  # the same training, read with other k / temperatures / held-out prompts
+                    print(f"{method} seed {seed}: evaluating the saved model again ({record}: other evaluation "
+                          "settings)", flush=True)
+                    run = trained["run"]
+                    t0 -= run["setup_s"] + run["train_s"]  # its total: setup + training + this evaluation
+                else:
+                    run = train(method, seed, args, model_dir) | {"model_dir": str(model_dir), "seed": seed}
                 ev = evaluate(str(model_dir), None, test, accuracy_reward, config, name=f"{method}-s{seed}",
                               reference_model=args.base_model, base_results=base)
                 ev["query_kl"] = query_kl(str(model_dir), args.base_model, list(test["prompt"]))

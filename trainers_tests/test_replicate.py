@@ -86,6 +86,11 @@ def test_reduced_replication_grpo_beats_the_base(tmp_path, monkeypatch):
     again = replicate.main(argv)
     assert again["per_seed"]["grpo"] == result["per_seed"]["grpo"]
 
+    # other evaluation settings only (k): the saved model is evaluated again, not trained again
+    other_k = replicate.main([*argv[: argv.index("--k") + 1], "3", *argv[argv.index("--k") + 2:]])
+    assert "avg@3" in other_k["per_seed"]["grpo"][0] and "avg@2" not in other_k["per_seed"]["grpo"][0]
+    assert other_k["per_seed"]["grpo"][0]["greedy"] == grpo["greedy"]  # the same model, the same greedy answers
+
 
 def test_eepo_claim_is_read_on_held_out_entropy_when_measured():
     """With --entropy_every both runs log held-out entropy: "decays slower" compares it (higher = slower decay, both
