@@ -39,6 +39,8 @@ VARIANTS = {
     "eepo": ("grpo_beta0", "step time <= 1.35x GRPO(beta=0) on CPU (gate forced on)"),
     "eepo_gate_closed": ("grpo_beta0", "(EEPO with its paper gate on \"auto\", closed throughout: two half-size "
                                        "generate calls, stage 1's entropy read while generating, no unlearning step)"),
+    "eepo_auto": ("grpo_beta0", "(EEPO as the paper runs it: gate on \"auto\", alpha = 0.3; it unlearns only on the "
+                                "steps whose stage-1 entropy average is below alpha, the gate_open column)"),
     "grpo_two_generates": ("grpo_beta0", "(EEPO's floor: GRPO(beta=0) generating each batch in two sequential "
                                          "half-size calls, as EEPO's two stages, without the unlearning step)"),
     "grpo_beta0_accuracy": (None, "(DPH-RL's baseline: GRPO(beta=0) with DPH-RL's accuracy reward)"),
@@ -97,6 +99,9 @@ def build_trainer(variant: str, model_path: str, out_dir: str, args):
     if variant == "eepo":
         return EEPOTrainer(model=model_path, reward_funcs=accuracy_reward,
                            args=EEPOConfig(entropy_gate="always", **common), train_dataset=dataset)
+    if variant == "eepo_auto":  # the paper's defaults: the gate decides
+        return EEPOTrainer(model=model_path, reward_funcs=accuracy_reward, args=EEPOConfig(**common),
+                           train_dataset=dataset)
     if variant == "eepo_gate_closed":  # alpha below any entropy: the gate stays closed
         return EEPOTrainer(model=model_path, reward_funcs=accuracy_reward,
                            args=EEPOConfig(entropy_gate="auto", entropy_threshold=1e-9, **common),
@@ -274,6 +279,12 @@ def child(args) -> None:
                         else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
         "holds_ref_model": getattr(trainer, "ref_model", None) is not None,
     }
+    # EEPO: the fraction of rollouts whose gate was open (it unlearned): logged averages, then the rollouts not yet
+    # logged (TRL keeps those in the trainer's metrics until the next log)
+    gates = [h["eepo/gate"] for h in trainer.state.log_history if "eepo/gate" in h]
+    gates += list(getattr(trainer, "_metrics", {}).get("train", {}).get("eepo/gate", []))
+    if gates:
+        result["gate_open"] = statistics.mean(gates)
     print("RESULT " + json.dumps(result), flush=True)
 
 
@@ -336,6 +347,8 @@ def main() -> None:
                       "generate_s": statistics.median(r["generate_s"] for r in rs),
                       "time_per_prompt_s": statistics.median(st) / rs[0]["prompts_per_step"],
                       "peak_mem_mb": statistics.median(mem), "holds_ref_model": rs[0]["holds_ref_model"]}
+        if all("gate_open" in r for r in rs):  # EEPO: how often its gate opened (unlearned), over every run
+            summary[v]["gate_open"] = statistics.mean(r["gate_open"] for r in rs)
     for v, s in summary.items():
         base = VARIANTS.get(v, (None, ""))[0]
         if base in summary:
@@ -373,6 +386,8 @@ def main() -> None:
                      f"{s.get('peak_mem_ratio', float('nan')):.3f} | {s.get('target', '')} |")
     extra = [f"- {v} vs {k.split('_vs_')[1]}: {k.split('_vs_')[0].replace('_', ' ')} {x:.3f}"
              for v, s in summary.items() for k, x in s.items() if "_vs_" in k]
+    extra += [f"- {v}: EEPO's gate open (an unlearning step) on {s['gate_open']:.0%} of the rollouts"
+              for v, s in summary.items() if "gate_open" in s]
     lines += ["", *extra] if extra else []
     Path(args.out + ".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

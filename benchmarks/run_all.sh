@@ -31,6 +31,9 @@ $PY benchmarks/bench_trainers.py --variants grpo_beta0 grpo_two_generates eepo_g
 $PY benchmarks/bench_trainers.py --model smollm2 --variants grpo_beta0 erpo eepo dph grpo_g2 apo --batch 4 --G 2 \
     --max_completion_length 16 --prompts 16 --steps 2 --warmup 1 --reps 3 --threads 1 \
     --out results/benchmarks/benchmarks_smollm2
+$PY benchmarks/bench_trainers.py --model smollm2 --variants grpo_beta0 grpo_two_generates eepo_auto --batch 4 --G 2 \
+    --max_completion_length 16 --prompts 16 --steps 2 --warmup 1 --reps 3 --threads 1 \
+    --out results/benchmarks/benchmarks_smollm2_eepo_gate
 $PY benchmarks/real_vs_tiny.py
 $PY benchmarks/bench_fused_head.py --model tiny --out results/benchmarks/bench_fused_head_tiny
 $PY benchmarks/bench_presample.py
