@@ -59,8 +59,8 @@ class EEPOConfig(DynamicSamplingConfig):
             absolute positions, ...; docs/eepo.md). With ``entropy_gate="auto"`` the same applies to stage 1's
             entropy for the gate, so a closed gate runs no forward. ``True``: always read while generating
             (refused with vLLM or continuous batching, whose engines do not run the trainer's module; in half
-            precision the values differ from a forward by the usual generation/training rounding); ``False``: always the separate forward. On the command line:
-            ``--capture_stage2_logps true`` / ``false``.
+            precision the values differ from a forward by the usual generation/training rounding); ``False``:
+            always the separate forward. On the command line: ``--capture_stage2_logps true`` / ``false``.
     """
 
     entropy_gate: str = field(default="auto", metadata={"help": "'auto', 'always' or 'never'.",
