@@ -339,7 +339,7 @@ class TwoStageRollout(Part):
     def _read(self, reader, completions, stage: int):
         """``(logps, entropies, mask)`` read while generating ``completions``, or None: not read, or (warned once,
         then never tried again) a generation path whose passes do not match the completions."""
-        if reader is None or not self.capture:
+        if reader is None:  # not read (nullcontext): capture off, or stage 1 under a gate other than "auto"
             return None
         scores = reader.scores(completions)
         if scores is None:
