@@ -1,9 +1,7 @@
 """What every trainer here shares with the others around GRPOTrainer: its config resolved as TRL resolves it, the
-reference columns added to evaluation datasets, and the stop on a non-finite loss."""
+reference columns added to evaluation datasets (the numerical guards are in ``_numerics.py``)."""
 
 from __future__ import annotations
-
-import torch
 
 
 def resolve_config(model, args, config_cls, suffix: str):
@@ -39,22 +37,3 @@ class EvalDatasetMixin:
 
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval"):
         return super().evaluate(self._eval_datasets_with_columns(eval_dataset), ignore_keys, metric_key_prefix)
-
-
-class FiniteLossMixin:
-    """Stop training at the first non-finite loss, before the optimizer applies its gradients. transformers logs such a
-    loss as 0 (``logging_nan_inf_filter``) while the update turns every weight into NaN; here every process learns of
-    it (one flag summed over processes), so all stop at the same micro-step."""
-
-    def training_step(self, model, inputs, num_items_in_batch=None):
-        loss = super().training_step(model, inputs, num_items_in_batch)
-        bad = (~torch.isfinite(loss.detach())).float().reshape(1)
-        if self.accelerator.num_processes > 1:
-            bad = self.accelerator.reduce(bad, "sum")
-        if bad.item() > 0:
-            raise FloatingPointError(
-                f"{type(self).__name__}: the loss is {loss.item()} at optimizer step {self.state.global_step + 1} "
-                f"(on {int(bad.item())} process(es)); training stops before the update would make the weights "
-                "non-finite. Look at the last logged rewards and advantages, lower learning_rate, or resume from the "
-                "last checkpoint")
-        return loss

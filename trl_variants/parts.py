@@ -43,8 +43,9 @@ from trl import GRPOTrainer
 
 from ._card import ModelCardMixin
 from ._checkpoint import CheckpointStateMixin
+from ._numerics import FiniteTrainingMixin
 from ._offline import OfflinePassLogMixin
-from ._trainer import EvalDatasetMixin, FiniteLossMixin, resolve_config
+from ._trainer import EvalDatasetMixin, resolve_config
 from ._validation import (
     check_model_paths,
     check_reward_columns_before_load,
@@ -112,7 +113,7 @@ class Part:
         pass
 
 
-class PartsTrainer(CheckpointStateMixin, ModelCardMixin, FiniteLossMixin, OfflinePassLogMixin, EvalDatasetMixin,
+class PartsTrainer(CheckpointStateMixin, ModelCardMixin, FiniteTrainingMixin, OfflinePassLogMixin, EvalDatasetMixin,
                    GRPOTrainer):
     """``GRPOTrainer`` plus a list of :class:`Part`. Takes exactly GRPOTrainer's arguments. A subclass sets
     ``_config_class`` / ``_config_suffix`` and builds its parts from the config in :meth:`make_parts`."""

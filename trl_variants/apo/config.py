@@ -6,6 +6,7 @@ from dataclasses import MISSING, dataclass, field, fields
 
 from trl import GRPOConfig
 
+from .._numerics import GuardedConfig
 from .._validation import check_common
 
 _NO_RATIO = "the regression has no importance ratio: samples (vLLM's included) enter it as they are"
@@ -47,7 +48,7 @@ def check_unused_grpo_options(config) -> None:
 
 
 @dataclass
-class APOConfig(GRPOConfig):
+class APOConfig(GuardedConfig):
     r"""
     Configuration for [`APOTrainer`]: A*-PO ("Accelerating RL for LLM Reasoning with Optimal Advantage Regression",
     arXiv 2505.20686, Sec. 3, App. A.5; equations and defaults in docs/algorithms.md).

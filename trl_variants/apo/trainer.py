@@ -30,6 +30,7 @@ from .._checkpoint import CheckpointStateMixin
 from .._citations import APO, paper
 from .._data import is_stream, run_on_rows
 from .._model import frozen_copy_of_policy, full_parameters, is_peft_model, params_sharded
+from .._numerics import FiniteTrainingMixin
 from .._offline import (
     OfflinePassLogMixin,
     callable_reward_funcs,
@@ -39,7 +40,7 @@ from .._offline import (
     sampling_options,
     trainer_prompt_ids,
 )
-from .._trainer import EvalDatasetMixin, FiniteLossMixin, resolve_config
+from .._trainer import EvalDatasetMixin, resolve_config
 from .._validation import (
     check_model_paths,
     check_presampled_columns,
@@ -107,7 +108,7 @@ class LazyValues:
                 "lazy_fraction": len(rows) / len(self.dataset)}
 
 
-class APOTrainer(CheckpointStateMixin, ModelCardMixin, FiniteLossMixin, OfflinePassLogMixin, EvalDatasetMixin,
+class APOTrainer(CheckpointStateMixin, ModelCardMixin, FiniteTrainingMixin, OfflinePassLogMixin, EvalDatasetMixin,
                  GRPOTrainer):
     """A*-PO. Takes GRPOTrainer's arguments; see [`APOConfig`]."""
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from trl import GRPOConfig
+from .._numerics import GuardedConfig
 
 
 @dataclass
-class DynamicSamplingConfig(GRPOConfig):
+class DynamicSamplingConfig(GuardedConfig):
     r"""
-    [`~trl.GRPOConfig`] plus DAPO's dynamic sampling (off by default: then the trainer is exactly what it was).
+    [`~trl.GRPOConfig`] (with the numerical guards' field, ``low_precision_weights``) plus DAPO's dynamic sampling (off by default: then the trainer is exactly what it was).
 
     Parameters:
         dynamic_sampling (`bool`, defaults to `False`):

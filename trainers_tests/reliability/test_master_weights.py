@@ -1,0 +1,78 @@
+"""bf16/fp16 weights with no fp32 master copy: updates below the weights' resolution vanish (bf16 keeps 8 significant
+bits; the paper recipes train at lr 1e-6). The trainers load such a policy in float32 (``low_precision_weights:
+upcast``, the default), refuse it, or keep it when told to (trl_variants/_numerics.py)."""
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from trl_variants._numerics import check_master_weights, has_master_weights
+
+from ..helpers import DEFAULT_MODEL_PATH, TRAINERS, small_config, small_trainer
+
+
+def _moved(trainer, before) -> float:
+    """Share of the weights' entries that training changed."""
+    changed = total = 0
+    for name, p in trainer.model.named_parameters():
+        changed += (p.detach().float() != before[name]).sum().item()
+        total += p.numel()
+    return changed / total
+
+
+def _train_bf16(tmp_path, **overrides):
+    trainer = small_trainer("erpo", tmp_path, learning_rate=1e-6, max_steps=2, lr_scheduler_type="constant",
+                            model_init_kwargs={"dtype": "bfloat16"}, **overrides)
+    before = {n: p.detach().float().clone() for n, p in trainer.model.named_parameters()}
+    trainer.train()
+    return trainer, _moved(trainer, before)
+
+
+def test_bf16_policy_at_lr_1e6_moves_only_with_fp32_weights(tmp_path):
+    held, moved_bf16 = _train_bf16(tmp_path / "allow", low_precision_weights="allow")
+    assert held.model.dtype == torch.bfloat16
+    assert moved_bf16 < 0.01  # AdamW's ~1e-6 steps round away at bf16's resolution: almost nothing moves
+    upcast, moved_fp32 = _train_bf16(tmp_path / "upcast")  # the default
+    assert upcast.model.dtype == torch.float32 and upcast.args.model_init_kwargs["dtype"] == "float32"
+    assert moved_fp32 > 0.5  # in float32 the same updates land
+
+
+@pytest.mark.parametrize("method", list(TRAINERS))
+def test_refuse_stops_before_the_model_loads(tmp_path, method, monkeypatch):
+    def no_load(*a, **k):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", no_load)
+    monkeypatch.setattr("transformers.LlamaForCausalLM.from_pretrained", no_load)
+    with pytest.raises(ValueError, match=rf"{TRAINERS[method][0].__name__} would train bfloat16 weights with no fp32 "
+                                         r"master copy.*learning_rate=0.001.*Fix: drop dtype: bfloat16.*zero2.yaml"):
+        small_trainer(method, tmp_path, model_init_kwargs={"dtype": "bfloat16"}, low_precision_weights="refuse")
+
+
+def test_a_bf16_model_object_is_refused_naming_model_float(tmp_path):
+    from trl_variants import ERPOConfig
+
+    model = AutoModelForCausalLM.from_pretrained(DEFAULT_MODEL_PATH, dtype=torch.float16)
+    args = small_config(ERPOConfig, tmp_path)
+    with pytest.raises(ValueError, match=r"would train float16 weights.*call model\.float\(\)"):
+        check_master_weights(model, args, "ERPOTrainer")
+    check_master_weights(model.float(), args, "ERPOTrainer")  # float32: nothing to say
+
+
+def test_the_rule_leaves_alone_what_keeps_master_weights(tmp_path, monkeypatch):
+    from peft import LoraConfig
+
+    from trl_variants import ERPOConfig
+
+    args = small_config(ERPOConfig, tmp_path, model_init_kwargs={"dtype": "bfloat16"}, low_precision_weights="refuse")
+    check_master_weights(DEFAULT_MODEL_PATH, args, "ERPOTrainer", peft_config=LoraConfig())  # adapters in float32
+    assert not has_master_weights(args)  # bf16 off: no mixed precision, so no master copy either
+    args.bf16 = True
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")  # what `accelerate launch` with a DeepSpeed config sets
+    assert has_master_weights(args)
+    check_master_weights(DEFAULT_MODEL_PATH, args, "ERPOTrainer")
+    monkeypatch.delenv("ACCELERATE_USE_DEEPSPEED")
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    assert has_master_weights(args)
+    with pytest.raises(ValueError, match="low_precision_weights must be one of"):
+        ERPOConfig(output_dir=str(tmp_path), use_cpu=True, low_precision_weights="bf16")

@@ -1,0 +1,256 @@
+"""What keeps a run numerically sound on any device: weights that can move, and a stop with a clear message at the
+first non-finite loss, gradient, weight or logit, before the damage spreads.
+
+**Weights that move.** An optimizer that updates bf16 or fp16 parameters directly loses every update smaller than
+the weights' resolution (bf16 keeps 8 significant bits: at a weight of 0.02 an update below ~1e-4 rounds away), and
+the paper recipes train at learning rates of 1e-6 to 2e-7. DeepSpeed (with bf16/fp16 on) and FSDP with mixed
+precision keep an fp32 master copy of the weights and are fine; DDP or a single process are not. So a policy that
+would be *held* in bf16/fp16 with no master copy is, per ``low_precision_weights``: loaded in float32 instead (the
+default, ``"upcast"``: with ``bf16``/``fp16`` on the compute stays in that precision through autocast), refused
+(``"refuse"``), or trained as it is (``"allow"``). LoRA adapters are kept in float32 by PEFT, so a PEFT run is
+never touched.
+
+**Non-finite values.** transformers logs a non-finite loss as 0 and clips a non-finite gradient norm into NaN
+gradients (``max_grad_norm / nan``), so one bad step turns every weight into NaN and the run dies later inside
+``generate`` (on CUDA as a device-side assert: "probability tensor contains either inf, nan or element < 0"). Here
+the run stops at the first of: a non-finite loss (every micro-step), non-finite gradients (before the optimizer
+applies them), non-finite weights (after each update: the backstop under DeepSpeed, which applies its update inside
+``backward``, and for an update that overflows), non-finite logits while generating (before anything is sampled
+from them). Every process learns of it (one flag summed over processes), so all stop at the same step, and the
+message names the step and what to do. Checks run on the guarded code paths only, through transformers' public
+``TrainerCallback`` events; each costs one reduction over the tensors it reads.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+from transformers import TrainerCallback
+from trl import GRPOConfig
+
+LOW_PRECISION_WEIGHTS = ("upcast", "refuse", "allow")
+_LOW = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
+        "half": torch.float16}
+
+
+@dataclass
+class GuardedConfig(GRPOConfig):
+    r"""
+    [`~trl.GRPOConfig`] plus the numerical guards every trainer here shares (see ``trl_variants/_numerics.py``).
+
+    Parameters:
+        low_precision_weights (`str`, defaults to `"upcast"`):
+            What to do when the policy would be trained with bf16/fp16 weights and no fp32 master copy (no DeepSpeed
+            with bf16/fp16, no FSDP with mixed precision), where updates smaller than the weights' resolution (most
+            updates at lr 1e-6) vanish. ``"upcast"``: load the model in float32 (bf16/fp16 compute stays on through
+            autocast when ``bf16``/``fp16`` is set); ``"refuse"``: stop before loading, naming the fix; ``"allow"``:
+            train the low-precision weights as they are (e.g. with an optimizer that handles it).
+    """
+
+    low_precision_weights: str = field(
+        default="upcast",
+        metadata={"help": "bf16/fp16 weights without an fp32 master copy (no DeepSpeed / FSDP mixed precision): "
+                          "'upcast' loads the model in float32 (autocast keeps bf16/fp16 compute), 'refuse' stops, "
+                          "'allow' trains them as they are (updates below their resolution are lost).",
+                  "choices": list(LOW_PRECISION_WEIGHTS)},
+    )
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.low_precision_weights not in LOW_PRECISION_WEIGHTS:
+            raise ValueError(f"low_precision_weights must be one of {LOW_PRECISION_WEIGHTS}, got "
+                             f"{self.low_precision_weights!r}")
+
+
+# ------------------------------------------------------------------------------------------- master weights ---
+def _env_true(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes")
+
+
+def has_master_weights(args) -> bool:
+    """Whether the run keeps an fp32 master copy of low-precision weights: DeepSpeed with bf16/fp16 on (its mixed
+    precision optimizer), or FSDP with mixed precision (Accelerate upcasts the trainable parameters to float32)."""
+    mixed = bool(args.bf16 or args.fp16)
+    deepspeed = bool(getattr(args, "deepspeed", None)) or _env_true("ACCELERATE_USE_DEEPSPEED")
+    fsdp = bool(getattr(args, "fsdp", None)) or _env_true("ACCELERATE_USE_FSDP")
+    return mixed and (deepspeed or fsdp)
+
+
+def _low_dtype(value):
+    """``torch.bfloat16`` / ``torch.float16`` when ``value`` (a dtype or its name) is one, else None."""
+    if isinstance(value, torch.dtype):
+        return value if value in (torch.bfloat16, torch.float16) else None
+    return _LOW.get(str(value).removeprefix("torch.").lower()) if value is not None else None
+
+
+def _trainable_low_dtype(model):
+    """The low-precision dtype of ``model``'s trainable parameters (None when they are float32 or it has none)."""
+    return next((p.dtype for p in model.parameters() if p.requires_grad and _low_dtype(p.dtype)), None)
+
+
+def check_master_weights(model, args, trainer_name: str, peft_config=None) -> None:
+    """Apply ``args.low_precision_weights`` before the model loads (``model`` a path: its ``model_init_kwargs``
+    ``dtype``) or before training starts (``model`` an object). ``"upcast"`` rewrites ``args.model_init_kwargs`` so
+    GRPOTrainer loads the path in float32, with one printed line; an object in bf16/fp16 is refused (it is yours:
+    call ``model.float()`` or pass its path)."""
+    from peft import PeftModel
+
+    mode = getattr(args, "low_precision_weights", "upcast")
+    if mode == "allow" or peft_config is not None or isinstance(model, PeftModel) or has_master_weights(args):
+        return
+    kwargs = dict(args.model_init_kwargs or {})
+    key = "dtype" if "dtype" in kwargs or "torch_dtype" not in kwargs else "torch_dtype"
+    low = _low_dtype(kwargs.get(key)) if isinstance(model, str) else _trainable_low_dtype(model)
+    if low is None:
+        return
+    name = str(low).removeprefix("torch.")
+    why = (f"{trainer_name} would train {name} weights with no fp32 master copy (no DeepSpeed with bf16/fp16, no "
+           f"FSDP with mixed precision): AdamW's updates at learning_rate={args.learning_rate:g} are mostly below "
+           f"{name}'s resolution and vanish, so the weights barely move")
+    compute = "bf16" if args.bf16 else "fp16" if args.fp16 else None
+    if isinstance(model, str) and mode == "upcast":
+        kwargs[key] = "float32"
+        args.model_init_kwargs = kwargs
+        if int(os.environ.get("RANK", "0")) == 0:
+            print(f"{trainer_name}: loading {model} in float32 instead of {name} ({why}); "
+                  + (f"compute stays in {compute} through autocast. " if compute else
+                     f"set --{'bf16' if low == torch.bfloat16 else 'fp16'} true for {name} compute. ")
+                  + "Memory: 4 bytes a weight instead of 2, plus float32 gradients and optimizer states; for less, "
+                  "train under DeepSpeed ZeRO (configs/accelerate/zero2.yaml), or set low_precision_weights: allow "
+                  "to keep the weights as they are")
+        return
+    fix = ("pass the model as a path (it is then loaded in float32), call model.float() (with --bf16 true the "
+           "compute stays in bf16 through autocast)" if not isinstance(model, str) else
+           f"drop dtype: {name} (or set low_precision_weights: upcast) to load it in float32 with bf16/fp16 compute "
+           "through autocast")
+    raise ValueError(f"{why}. Fix: {fix}; or train under DeepSpeed ZeRO with bf16 (configs/accelerate/zero2.yaml), "
+                     "which keeps fp32 master weights; or set low_precision_weights='allow' to train them as they are")
+
+
+# ---------------------------------------------------------------------------------------- non-finite values ---
+def _local(tensor):
+    """The part of ``tensor`` this process holds: a DTensor's local shard (FSDP2), a ZeRO-3 parameter's partition."""
+    if hasattr(tensor, "ds_tensor"):
+        return tensor.ds_tensor
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+
+
+def _bad_count(tensors, accelerator) -> int:
+    """How many processes hold a non-finite value in ``tensors`` (their local parts): one flag, summed."""
+    tensors = [t for t in (_local(t) for t in tensors) if t is not None and t.numel()]
+    if tensors:
+        norms = torch._foreach_norm([t.detach() for t in tensors])
+        bad = (~torch.isfinite(torch.stack([n.float() for n in norms]).sum())).float().reshape(1)
+    else:
+        bad = torch.zeros(1)
+    bad = bad.to(accelerator.device)
+    if accelerator.num_processes > 1:
+        bad = accelerator.reduce(bad, "sum")
+    return int(bad.item())
+
+
+_WHAT_TO_DO = ("Resume from the last checkpoint with a lower learning_rate (or max_grad_norm), look at the last "
+               "logged rewards and advantages, and in bf16/fp16 keep fp32 weights (low_precision_weights: upcast, "
+               "or DeepSpeed) and set cast_lm_head_to_fp32: true")
+
+
+class FiniteGuard(TrainerCallback):
+    """Stops training at non-finite gradients (``on_pre_optimizer_step``: after clipping, before the optimizer's
+    step) and non-finite weights (``on_optimizer_step``: after it, before the next rollout or checkpoint). Added by
+    :class:`FiniteTrainingMixin`. With fp16 and a gradient scaler, non-finite gradients are the scaler's business
+    (it skips that step), and under DeepSpeed the update has already run inside ``backward``: then only the weights
+    are checked."""
+
+    def __init__(self, trainer):
+        self.trainer = trainer
+
+    def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
+        trainer = self.trainer
+        if trainer.is_deepspeed_enabled or trainer.accelerator.scaler is not None:
+            return
+        grads = [p.grad for p in trainer.model.parameters() if p.grad is not None]
+        bad = _bad_count(grads, trainer.accelerator)
+        if bad:
+            raise FloatingPointError(
+                f"{type(trainer).__name__}: non-finite gradients at optimizer step {state.global_step + 1} (on {bad} "
+                "process(es)) although the loss was finite; training stops before the optimizer applies them "
+                "(clipping would have turned every weight into NaN). " + _WHAT_TO_DO)
+
+    def on_optimizer_step(self, args, state, control, **kwargs):
+        trainer = self.trainer
+        bad = _bad_count(list(trainer.model.parameters()), trainer.accelerator)
+        if bad:
+            raise FloatingPointError(
+                f"{type(trainer).__name__}: the update of optimizer step {state.global_step + 1} made the weights "
+                f"non-finite (on {bad} process(es)); training stops before anything is generated from them or saved. "
+                + _WHAT_TO_DO)
+
+
+class FiniteTrainingMixin:
+    """Mix into a GRPOTrainer subclass, before GRPOTrainer: the master-weights rule (before the model loads) and the
+    non-finite guards of this module: the loss at every micro-step (:meth:`training_step`), the gradients and weights
+    at every optimizer step (:class:`FiniteGuard`), the logits of every generation (:meth:`_generate_single_turn`)."""
+
+    def __init__(self, model, reward_funcs=None, args=None, *rest, **kwargs):
+        if args is not None:
+            check_master_weights(model, args, type(self).__name__, kwargs.get("peft_config"))
+        super().__init__(model, reward_funcs, args, *rest, **kwargs)
+        self.add_callback(FiniteGuard(self))
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        bad = (~torch.isfinite(loss.detach())).float().reshape(1)
+        if self.accelerator.num_processes > 1:
+            bad = self.accelerator.reduce(bad, "sum")
+        if bad.item() > 0:
+            raise FloatingPointError(
+                f"{type(self).__name__}: the loss is {loss.item()} at optimizer step {self.state.global_step + 1} "
+                f"(on {int(bad.item())} process(es)); training stops before the update would make the weights "
+                "non-finite. Look at the last logged rewards and advantages, lower learning_rate, or resume from the "
+                "last checkpoint")
+        return loss
+
+    def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        with finite_logits(self):
+            return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations,
+                                                 has_tool_images)
+
+
+@contextmanager
+def finite_logits(trainer):
+    """While transformers generates (``generate`` or continuous batching) with ``trainer``'s policy, check the logits
+    of every decoding step before anything is sampled from them: a non-finite logit raises ``FloatingPointError``
+    naming the step and whether the weights are finite, instead of a device-side assert inside ``generate``. (vLLM
+    samples in its own engine: nothing to check here.)"""
+    head = trainer.accelerator.unwrap_model(trainer.model).get_output_embeddings()
+    if head is None or trainer.use_vllm:
+        yield
+        return
+
+    def check(module, inputs, output):
+        logits = output if torch.is_tensor(output) else getattr(output, "logits", None)
+        if logits is None or bool(torch.isfinite(logits).all()):
+            return
+        step = trainer.state.global_step + (1 if trainer.model.training else 0)
+        weights = ("the weights are finite, so the activations overflowed in "
+                   f"{logits.dtype}".replace("torch.", "")
+                   if not _bad_count(list(trainer.model.parameters()), _Local()) else "the weights are not finite")
+        raise FloatingPointError(
+            f"{type(trainer).__name__}: non-finite logits while generating (optimizer step {step}; {weights}); "
+            "stopped before sampling from them. " + _WHAT_TO_DO)
+
+    handle = head.register_forward_hook(check)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+class _Local:
+    """An accelerator stand-in for :func:`_bad_count` on this process alone (inside a hook, no collective)."""
+
+    num_processes = 1
+    device = torch.device("cpu")
