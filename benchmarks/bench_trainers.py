@@ -56,6 +56,20 @@ VARIANTS = {
 }
 
 
+MET = {True: "yes", False: "no", None: "not this regime (generation here is not throughput-bound)"}
+# Per-regime speed targets against a baseline that does the same generation work (paired ratios, medians of the
+# repetitions): (variant, baseline, bound, regime). "every device": what the method adds on top of the generation it
+# needs must stay small anywhere; "throughput-bound": the papers' claims, which need generation whose cost grows
+# with the rows (a GPU with continuous batching or vLLM at large batch), not HF generate's fixed cost per step.
+REGIME_TARGETS = (
+    ("eepo", "grpo_two_generates", 1.20, "every device: EEPO (gate on) <= 1.20x GRPO generating in its two half calls"),
+    ("apo", "grpo_g2_half", 1.05, "every device: A*-PO <= 1.05x GRPO(G=2) on the same number of rows"),
+    ("apo", "a2po", 1.00, "every device: A*-PO below TRL's A2POTrainer"),
+    ("apo", "grpo_g2", 0.60, "throughput-bound generation: A*-PO <= 0.6x GRPO(G=2) per prompt"),
+    ("eepo", "grpo_beta0", 1.25, "throughput-bound generation: EEPO (gate on) <= 1.25x GRPO"),
+)
+
+
 def build_trainer(variant: str, model_path: str, out_dir: str, args):
     from trl import GRPOConfig, GRPOTrainer
 
@@ -81,6 +95,7 @@ def build_trainer(variant: str, model_path: str, out_dir: str, args):
         max_steps=args.warmup + args.steps, seed=0, temperature=1.0,
         # every completion runs to max_completion_length: all variants do exactly the same amount of work
         generation_kwargs={"min_new_tokens": args.max_completion_length},
+        use_transformers_continuous_batching=args.continuous_batching, cache_implementation=args.cache_implementation,
     )
     dataset = load_default_dataset(n_train=args.prompts or 2000, n_test=1, seed=0)["train"]
     offline = dataset.select(range(min(len(dataset), args.prompts or 256)))  # what an offline pass covers
@@ -171,10 +186,32 @@ def _two_generates_trainer():
     return TwoGenerates
 
 
-def medium_model(path: Path, big_vocab: bool = False) -> str:
+def regime_targets(runs: dict, settings: dict) -> list[dict]:
+    """:data:`REGIME_TARGETS` whose variant and baseline both ran: the paired step-time ratio (each repetition
+    against the baseline's run of the same repetition) and whether the median is within the bound. Step time is the
+    right basis for each pair: A*-PO and GRPO(G=2) (and A2PO) see the same prompts per step, so it is also the
+    ratio per prompt; GRPO(G=2) on half the rows generates as many rows as A*-PO. A throughput-bound target is
+    judged only on a run in that regime (a GPU with continuous batching); elsewhere ``met`` is None ("not this
+    regime"), the ratio is shown for information."""
+    throughput = bool(settings.get("gpu") and settings.get("continuous_batching"))
+    rows = []
+    for variant, base, bound, regime in REGIME_TARGETS:
+        if variant not in runs or base not in runs:
+            continue
+        paired = [a["step_time_s"] / b["step_time_s"] for a, b in zip(runs[variant], runs[base], strict=True)]
+        ratio = statistics.median(paired)
+        rows.append({"variant": variant, "baseline": base, "bound": bound, "regime": regime, "ratio": ratio,
+                     "min": min(paired), "max": max(paired),
+                     "met": ratio <= bound if throughput or not regime.startswith("throughput") else None})
+    return rows
+
+
+def medium_model(path: Path, big_vocab: bool = False, qwen_shape: bool = False) -> str:
     """A random 25M-parameter Llama with the embedded tokenizer, saved once. ``big_vocab``: a smaller body
     (hidden 256, 4 layers) with the tokenizer padded to a Qwen-like 32k vocabulary by added dummy tokens, where
-    full-vocabulary logits (as TRL's A2POTrainer materialises them) cost real memory."""
+    full-vocabulary logits (as TRL's A2POTrainer materialises them) cost real memory. ``qwen_shape``: Qwen2.5-0.5B's
+    body (hidden 896, 24 layers, 14 heads, 2 KV heads, MLP 4864; 358M parameters with this tokenizer) for GPU
+    runs: what a decoding step costs on a model of a real size."""
     if (path / "config.json").exists():
         return str(path)
     import torch
@@ -190,6 +227,9 @@ def medium_model(path: Path, big_vocab: bool = False) -> str:
                 num_key_value_heads=4) if big_vocab else dict(hidden_size=512, intermediate_size=1536,
                                                               num_hidden_layers=8, num_attention_heads=8,
                                                               num_key_value_heads=8)
+    if qwen_shape:
+        size = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                    num_key_value_heads=2)
     cfg = LlamaConfig(vocab_size=len(tok), **size, max_position_embeddings=512,
                       tie_word_embeddings=True, bos_token_id=None, eos_token_id=tok.eos_token_id,
                       pad_token_id=tok.pad_token_id)
@@ -211,6 +251,7 @@ def interleaved_runs(script: str, names, model_path: str, args, passed: tuple[st
             for k in passed:
                 cmd += [f"--{k}", str(getattr(args, k))] if getattr(args, k) is not None else []
             cmd += ["--gpu"] if args.gpu else []
+            cmd += ["--continuous_batching"] if getattr(args, "continuous_batching", False) else []
             proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
             line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
             if proc.returncode or not line:
@@ -243,6 +284,18 @@ def child(args) -> None:
             in_generate[0] += time.perf_counter() - t0
 
     GenerationMixin.generate = timed_generate
+    from transformers.generation.continuous_batching import ContinuousMixin
+
+    generate_batch = ContinuousMixin.generate_batch
+
+    def timed_generate_batch(*a, **k):  # continuous batching (--continuous_batching)
+        t0 = time.perf_counter()
+        try:
+            return generate_batch(*a, **k)
+        finally:
+            in_generate[0] += time.perf_counter() - t0
+
+    ContinuousMixin.generate_batch = timed_generate_batch
 
     class Timer(TrainerCallback):
         def on_step_begin(self, a, state, control, **kw):
@@ -288,7 +341,8 @@ def child(args) -> None:
     print("RESULT " + json.dumps(result), flush=True)
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (also read by the GPU check's dry-run test, so its commands cannot drift from it)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS))
     ap.add_argument("--reps", type=int, default=3)
@@ -309,13 +363,21 @@ def main() -> None:
                     help="format_reward (default) costs the same on every text, so reward parsing cannot make one "
                          "variant's steps slower than another's")
     ap.add_argument("--gpu", action="store_true")
+    ap.add_argument("--continuous_batching", action="store_true",
+                    help="every variant generates with transformers' continuous batching "
+                         "(use_transformers_continuous_batching: throughput-bound generation without vLLM)")
+    ap.add_argument("--cache_implementation", default=None, help="e.g. static: GRPOConfig.cache_implementation")
     ap.add_argument("--out", default=str(ROOT / "results" / "benchmarks" / "benchmarks"))
     ap.add_argument("--from_json", action="store_true",
                     help="rebuild OUT.md (and the summary in OUT.json) from the runs and settings stored in OUT.json "
                          "(--variants, --reps and the other settings are read from there); runs nothing")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--model_path", default=None, help=argparse.SUPPRESS)
-    args = ap.parse_args()
+    return ap
+
+
+def main() -> None:
+    args = build_parser().parse_args()
     if args.child:
         return child(args)
 
@@ -334,10 +396,11 @@ def main() -> None:
                       "medium": lambda: medium_model(ROOT / "outputs" / "bench-medium"),
                       "bigvocab": lambda: medium_model(ROOT / "outputs" / "bench-bigvocab", big_vocab=True),
                       "smollm2": smollm2_checkpoint,
+                      "qwen0.5b_shape": lambda: medium_model(ROOT / "outputs" / "bench-qwen0.5b-shape", qwen_shape=True),
                       }.get(args.model, lambda: args.model)()
         runs = interleaved_runs(__file__, args.variants, model_path, args,
                                 ("steps", "warmup", "batch", "G", "max_completion_length", "threads", "reward",
-                                 "prompts"))
+                                 "prompts", "cache_implementation"))
 
     summary = {}
     for v, rs in runs.items():
@@ -369,10 +432,13 @@ def main() -> None:
                 if other in summary:
                     s[f"time_per_prompt_ratio_vs_{other}"] = s["time_per_prompt_s"] / summary[other]["time_per_prompt_s"]
                     s[f"peak_mem_ratio_vs_{other}"] = s["peak_mem_mb"] / summary[other]["peak_mem_mb"]
-    meta = {k: getattr(args, k) for k in ("reps", "steps", "warmup", "batch", "G", "max_completion_length",
-                                           "model", "threads", "gpu", "reward", "prompts")}
+    meta = {k: getattr(args, k, None) for k in ("reps", "steps", "warmup", "batch", "G", "max_completion_length",
+                                                 "model", "threads", "gpu", "reward", "prompts", "continuous_batching",
+                                                 "cache_implementation")}
+    regimes = regime_targets(runs, meta)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out + ".json").write_text(json.dumps({"settings": meta, "summary": summary, "runs": runs}, indent=1))
+    Path(args.out + ".json").write_text(json.dumps({"settings": meta, "summary": summary, "runs": runs,
+                                                    "regime_targets": regimes}, indent=1))
     lines = [f"Settings: {meta}", "",
              "| variant | step time (s) median [min-max] | of which generate (s) | per prompt (s) | peak mem (MB) | ref model | vs | step ratio | paired ratio median [min-max] | mem ratio | target |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -389,6 +455,12 @@ def main() -> None:
     extra += [f"- {v}: EEPO's gate open (an unlearning step) on {s['gate_open']:.0%} of the rollouts"
               for v, s in summary.items() if "gate_open" in s]
     lines += ["", *extra] if extra else []
+    if regimes:
+        lines += ["", "Per-regime targets (paired ratio, median [min-max] of the repetitions; met = median within "
+                      "the bound):", "",
+                  "| target | variant | vs | paired ratio | bound | met |", "|---|---|---|---|---|---|"]
+        lines += [f"| {r['regime']} | {r['variant']} | {r['baseline']} | {r['ratio']:.3f} [{r['min']:.3f}-"
+                  f"{r['max']:.3f}] | {r['bound']:.2f} | {MET[r['met']]} |" for r in regimes]
     Path(args.out + ".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -1,0 +1,152 @@
+#!/usr/bin/env bash
+# The project's GPU check: on one GPU (an H100 or H200 with torch preinstalled), in at most --budget seconds (default
+# 480), run what a GPU user runs and write results/gpu/gpu_check.md with the device's name:
+#   1. each method's command line for a few steps in bf16 (erpo, eepo, dph, apo, composed, grpo)
+#   2. the main job to its end: `trl-variants train erpo` (the tiny recipe, 100 steps) on the GPU in bf16
+#   3. `trl-variants evaluate` on the model it trained
+#   4. benchmarks/bench_trainers.py --gpu on a Qwen2.5-0.5B-shaped model (random weights), with HF generate, then
+#      with transformers' continuous batching (the per-regime speed targets, results/gpu/bench_*.md)
+# Each step has its own time box, cut to what is left of the budget; a step that did not fit is written down as
+# skipped. The slowest and least certain steps come last.
+#
+#   bash benchmarks/gpu_check.sh --dry-run            # print the commands it would run, run nothing
+#   bash benchmarks/gpu_check.sh --fetch-wheels DIR   # here (with the package registry): the wheels a bare GPU
+#                                                     # machine lacks, and the project's own wheel, into DIR
+#   bash benchmarks/gpu_check.sh --wheels DIR         # there: install DIR's wheels (no index, no deps), then run
+#
+# Options: --out DIR (results go to DIR/results/gpu and runs to DIR/work; default: $OUT when set, else the
+# repository), --budget SECONDS, --python PY (default python3).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+DRY=0; WHEELS=""; FETCH=""; BUDGET=480; PY=python3; BASE=${OUT:-}
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --dry-run) DRY=1 ;;
+        --wheels) WHEELS=$2; shift ;;
+        --fetch-wheels) FETCH=$2; shift ;;
+        --budget) BUDGET=$2; shift ;;
+        --out) BASE=$2; shift ;;
+        --python) PY=$2; shift ;;
+        -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+        *) echo "gpu_check: unknown option $1 (see --help)" >&2; exit 2 ;;
+    esac
+    shift
+done
+
+# What a bare GPU machine with torch, accelerate, peft and transformers lacks (measured on an H100 machine), at the
+# versions this project is tested with; pure-Python wheels.
+CARRY=(trl==1.16.0 transformers==5.24.0 datasets==5.2.0 math-verify==0.9.0 "latex2sympy2_extended==1.11.0"
+       "antlr4-python3-runtime==4.13.2")
+
+if [ -n "$FETCH" ]; then
+    mkdir -p "$FETCH"
+    "$PY" -m pip download --no-deps --only-binary=:all: -d "$FETCH" "${CARRY[@]}" || exit 1
+    "$PY" -m pip wheel --no-deps -w "$FETCH" . || exit 1
+    ls -1 "$FETCH"
+    exit 0
+fi
+
+RESULTS=${BASE:+$BASE/}results/gpu
+WORK=${BASE:+$BASE/}work/gpu_check
+TRAIN="$PY -m trl_variants train"
+SMOKE_FLAGS="--use_cpu false --bf16 true --max_steps 4 --heldout_eval_steps 0 --embedded_train_size 256 --save_strategy no --report_to none --logging_steps 1"
+BENCH="$PY benchmarks/bench_trainers.py --gpu --model qwen0.5b_shape --batch 64 --G 8 --max_completion_length 128 --steps 2 --warmup 1 --reps 1 --threads 8"
+BENCH_VARIANTS="grpo_beta0 grpo_two_generates eepo grpo_g2 grpo_g2_half apo"
+
+# name | time box (s) | command
+STEPS=()
+for m in erpo eepo dph apo composed grpo; do
+    STEPS+=("smoke_$m|60|$TRAIN $m $SMOKE_FLAGS --output_dir $WORK/smoke-$m")
+done
+STEPS+=("main_job|240|$TRAIN erpo --use_cpu false --bf16 true --save_strategy no --output_dir $WORK/main")
+STEPS+=("evaluate|90|$PY -m trl_variants evaluate --models $WORK/main --max_prompts 200 --k 4 --temperatures 1.0 --output_dir $WORK/eval")
+# continuous batching first: HF generate's numbers exist from an earlier run (docs/RESULTS.md), the throughput-bound
+# regime's do not
+STEPS+=("bench_continuous_batching|180|$BENCH --continuous_batching --variants $BENCH_VARIANTS --out $RESULTS/bench_continuous_batching")
+STEPS+=("bench_hf_generate|150|$BENCH --variants $BENCH_VARIANTS --out $RESULTS/bench_hf_generate")
+
+if [ "$DRY" -eq 1 ]; then
+    for step in "${STEPS[@]}"; do
+        IFS='|' read -r name box cmd <<< "$step"
+        printf '%s\t%s\t%s\n' "$name" "$box" "$cmd"
+    done
+    exit 0
+fi
+
+if [ -n "$WHEELS" ]; then
+    SITE=$(pwd)/.gpu_site
+    "$PY" -m pip install -q --no-index --no-deps --target "$SITE" "$WHEELS"/*.whl || exit 1
+    export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
+fi
+export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1 PYTHONUNBUFFERED=1
+DEVICE=$("$PY" -c 'import torch; print(torch.cuda.get_device_name(0) if torch.cuda.is_available() else "")' 2>/dev/null)
+if [ -z "$DEVICE" ]; then
+    echo "gpu_check: no CUDA device visible to $PY (torch.cuda.is_available() is False): run it on a GPU machine, or use --dry-run" >&2
+    exit 1
+fi
+mkdir -p "$RESULTS" "$WORK/logs"
+REPORT=$RESULTS/gpu_check.md
+VERSIONS=$("$PY" -c 'import importlib.metadata as m; print(", ".join(f"{p} {m.version(p)}" for p in ("torch", "transformers", "trl", "accelerate", "datasets", "peft", "trl-variants")))' 2>&1)
+{
+    echo "# GPU check: $DEVICE"
+    echo
+    echo "Written by \`bash benchmarks/gpu_check.sh\` on $(date -u +%Y-%m-%d) at commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown); $VERSIONS."
+    echo "Budget ${BUDGET} s; each step's time box is cut to what is left of it."
+    echo
+    echo "| step | status | seconds | command |"
+    echo "|---|---|---|---|"
+} > "$REPORT"
+
+START=$SECONDS
+for step in "${STEPS[@]}"; do
+    IFS='|' read -r name box cmd <<< "$step"
+    left=$((BUDGET - (SECONDS - START)))
+    if [ "$left" -lt 20 ]; then
+        echo "| $name | skipped: budget spent | 0 | \`$cmd\` |" >> "$REPORT"
+        continue
+    fi
+    [ "$box" -gt "$left" ] && box=$left
+    echo "gpu_check: $name (up to ${box} s): $cmd"
+    t0=$SECONDS
+    timeout "$box" bash -c "$cmd" > "$WORK/logs/$name.log" 2>&1
+    rc=$?
+    dt=$((SECONDS - t0))
+    case $rc in
+        0) status=ok ;;
+        124|137) status="timed out at ${box} s" ;;
+        *) status="failed (exit $rc)" ;;
+    esac
+    echo "| $name | $status | $dt | \`$cmd\` |" >> "$REPORT"
+    [ "$rc" -eq 0 ] || { echo; echo "### $name: last lines"; echo '```'; tail -n 25 "$WORK/logs/$name.log"; echo '```'; } >> "$RESULTS/gpu_check_failures.md"
+done
+
+{
+    echo
+    echo "## Main job: held-out accuracy"
+    echo '```'
+    grep -A3 "held-out accuracy" "$WORK/logs/main_job.log" 2>/dev/null || echo "(no summary: see the steps above)"
+    echo '```'
+    echo
+    echo "## Evaluation of the main job's model"
+    echo '```'
+    grep -iE "device|greedy|avg@|pass@|length limit|warning" "$WORK/logs/evaluate.log" 2>/dev/null | head -20 || true
+    echo '```'
+    for b in bench_hf_generate bench_continuous_batching; do
+        if [ -f "$RESULTS/$b.md" ]; then
+            echo
+            echo "## $b"
+            echo
+            cat "$RESULTS/$b.md"
+        fi
+    done
+    if [ -f "$RESULTS/gpu_check_failures.md" ]; then
+        echo
+        echo "## Failures"
+        cat "$RESULTS/gpu_check_failures.md"
+    fi
+} >> "$REPORT"
+rm -f "$RESULTS/gpu_check_failures.md"
+mkdir -p "$RESULTS/logs"
+for f in "$WORK"/logs/*.log; do tail -n 200 "$f" > "$RESULTS/logs/$(basename "$f")"; done
+echo "gpu_check: wrote $REPORT ($((SECONDS - START)) s)"

@@ -1,0 +1,73 @@
+"""benchmarks/gpu_check.sh --dry-run: the commands the GPU check would run, each parsed here by the parser that will
+read it on the GPU machine (a typo in a flag would otherwise cost a session's device time)."""
+
+import importlib.util
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "benchmarks" / "gpu_check.sh"
+
+
+def _dry_run(*extra):
+    out = subprocess.run(["bash", str(SCRIPT), "--dry-run", *extra], capture_output=True, text=True, check=True,
+                         cwd=ROOT).stdout
+    return [line.split("\t") for line in out.splitlines()]
+
+
+def test_dry_run_lists_every_step_within_the_budget():
+    steps = _dry_run()
+    names = [name for name, _, _ in steps]
+    assert names == [f"smoke_{m}" for m in ("erpo", "eepo", "dph", "apo", "composed", "grpo")] + [
+        "main_job", "evaluate", "bench_continuous_batching", "bench_hf_generate"]
+    for name, box, cmd in steps:
+        assert int(box) <= 480, name  # no step may need more than the whole budget
+        if name.startswith("smoke_") or name == "main_job":
+            assert "--use_cpu false --bf16 true" in cmd, name  # on the GPU, in bf16
+    main = dict((n, c) for n, _, c in steps)["main_job"]
+    assert "--max_steps" not in main  # the main job runs to its end
+    assert "--continuous_batching" in dict((n, c) for n, _, c in steps)["bench_continuous_batching"]
+
+
+def test_dry_run_commands_parse(tmp_path):
+    from trl_variants.registry import method_classes
+    from trl_variants.scripts import default_recipe, parse_args
+
+    for name, _, cmd in _dry_run("--out", str(tmp_path)):
+        argv = shlex.split(cmd)
+        assert argv[0] == "python3", name
+        if name.startswith("smoke_") or name == "main_job":
+            assert argv[1:4] == ["-m", "trl_variants", "train"], name
+            method, flags = argv[4], argv[5:]
+            i = flags.index("--use_cpu")  # transformers refuses bf16 without a GPU: parse it as on a CPU here
+            assert flags[i + 1] == "false"
+            flags[i + 1] = "true"
+            _, config_cls = method_classes(method)
+            script_args, training_args, _ = parse_args(config_cls, default_recipe(method), argv=flags)
+            assert training_args.bf16, name
+            assert training_args.output_dir.startswith(str(tmp_path)), name
+        elif name == "evaluate":
+            from trl_variants.cli import parse_evaluate_args
+
+            assert argv[1:4] == ["-m", "trl_variants", "evaluate"]
+            script_args, config = parse_evaluate_args(argv[4:])
+            assert config.k == 4 and script_args.max_prompts == 200
+        else:
+            spec = importlib.util.spec_from_file_location("bench_trainers", ROOT / "benchmarks/bench_trainers.py")
+            bench = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(bench)
+            assert argv[1] == "benchmarks/bench_trainers.py"
+            args = bench.build_parser().parse_args(argv[2:])
+            assert args.gpu and args.model == "qwen0.5b_shape"
+            assert set(args.variants) <= set(bench.VARIANTS)
+            assert args.out.startswith(str(tmp_path / "results" / "gpu"))
+
+
+def test_without_a_gpu_it_says_so(tmp_path):
+    proc = subprocess.run(["bash", str(SCRIPT), "--out", str(tmp_path)], capture_output=True, text=True, cwd=ROOT)
+    if "no CUDA device" not in proc.stderr:
+        pytest.skip("a CUDA device is visible here")
+    assert proc.returncode == 1 and "use --dry-run" in proc.stderr
