@@ -24,7 +24,9 @@
 # A recipe's header names the process count its batch arithmetic is written for (`# processes: 8`). On another
 # count the global batch would change, so the launcher divides gradient_accumulation_steps and steps_per_generation
 # (or else the per-device batch sizes) by the ratio, says so, and refuses where no whole division keeps the numbers;
-# batch flags passed on the command line turn this off. docs/distributed.md, "Several nodes", explains all of it.
+# batch flags passed on the command line turn this off. The trainer would rescale the same way by itself; it sees the
+# flags added here as batch flags set on the command line and keeps them, so the batch is rescaled once, here, and
+# printed before the job starts. docs/distributed.md, "Several nodes", explains all of it.
 set -euo pipefail
 
 die() { echo "slurm_train.sh: $*" >&2; exit 2; }

@@ -114,6 +114,46 @@ def checkpoint_problem(path: str) -> str | None:
     return None
 
 
+def resume_target(value) -> str | bool | None:
+    """What a ``resume_from_checkpoint`` value asks for: ``None`` (no resume: ``None``, ``False``, ``""``,
+    ``"false"``), ``True`` (the last complete checkpoint of output_dir: ``True``, ``"true"``, ``"last"``, any case;
+    the strings are what ``--resume_from_checkpoint true`` gives) or a checkpoint path (a ``str``)."""
+    if value is None or value is False:
+        return None
+    if value is True:
+        return True
+    text = os.fspath(value).strip()
+    if text.lower() in ("", "false"):
+        return None
+    if text.lower() in ("true", "last"):
+        return True
+    return text
+
+
+def last_complete_checkpoint(output_dir: str) -> tuple[str, list[tuple[str, str]]]:
+    """``(path, skipped)``: the newest complete ``checkpoint-N`` of ``output_dir`` and the newer incomplete ones,
+    each with why (:func:`checkpoint_problem`); nothing is moved. Raises naming ``output_dir`` and the fix when it
+    holds no checkpoint, or no complete one."""
+    out = output_dir
+    found = sorted((int(m.group(1)), name) for name in (os.listdir(out) if os.path.isdir(out) else [])
+                   if (m := _CHECKPOINT_DIR.match(name)) and os.path.isdir(os.path.join(out, name)))
+    if not found:
+        where = "does not exist" if not os.path.isdir(out) else "holds no checkpoint-N folder"
+        raise ValueError(f"resume_from_checkpoint=True (--resume_from_checkpoint true / last) resumes the last "
+                         f"checkpoint in output_dir, but {out} {where}. Fix: pass the output_dir of the run to resume "
+                         "(--output_dir), or a checkpoint path (--resume_from_checkpoint <output_dir>/checkpoint-N), "
+                         "or drop --resume_from_checkpoint to start a new run")
+    skipped = []
+    for _, name in reversed(found):
+        path = os.path.join(out, name)
+        problem = checkpoint_problem(path)
+        if problem is None:
+            return path, skipped
+        skipped.append((path, problem))
+    raise ValueError(f"no complete checkpoint in {out}: " + "; ".join(why for _, why in skipped) + ". Start a "
+                     "new run without resume_from_checkpoint")
+
+
 class CheckpointStateMixin:
     """Mix into a GRPOTrainer subclass, before GRPOTrainer. Override ``_extra_state`` / ``_load_extra_state`` when the
     algorithm keeps state between steps (JSON-serialisable)."""
@@ -121,10 +161,13 @@ class CheckpointStateMixin:
     def __init__(self, *args, **kwargs):
         # ``args.resume_from_checkpoint`` (transformers leaves it to scripts, which pass it to train()): its checkpoint
         # is checked now, before GRPOTrainer loads the model and before the trainer's offline pass, not only at train()
+        # (``True``, or the command line's ``"true"`` / ``"last"``: the last complete checkpoint of output_dir)
         config = kwargs["args"] if "args" in kwargs else args[2] if len(args) > 2 else None
-        resume = getattr(config, "resume_from_checkpoint", None)
-        if isinstance(resume, str | os.PathLike) and str(resume).strip().lower() not in ("", "true", "false"):
-            check_checkpoint_record(str(resume), type(self).__name__, config)
+        resume = resume_target(getattr(config, "resume_from_checkpoint", None))
+        if resume is True:
+            resume = last_complete_checkpoint(config.output_dir)[0]
+        if resume is not None:
+            check_checkpoint_record(resume, type(self).__name__, config)
         super().__init__(*args, **kwargs)
         self.add_callback(TrlVariantsCheckpoint(self))
 
@@ -137,11 +180,13 @@ class CheckpointStateMixin:
 
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
         """``Trainer.train``, after checking that the checkpoint to resume is complete, was written by this trainer
-        with the same :func:`resume_fields`, and restoring its algorithm state."""
-        if resume_from_checkpoint is not None and resume_from_checkpoint is not False:
+        with the same :func:`resume_fields`, and restoring its algorithm state. ``resume_from_checkpoint`` as
+        :func:`resume_target` reads it (``True`` / ``"true"`` / ``"last"``: the last complete checkpoint)."""
+        resume_from_checkpoint = resume_target(resume_from_checkpoint)
+        if resume_from_checkpoint is not None:
             if resume_from_checkpoint is True:
                 resume_from_checkpoint = self._last_complete_checkpoint()
-            self._restore_record(str(resume_from_checkpoint))
+            self._restore_record(resume_from_checkpoint)
         token = _TRAINING.set(self)
         try:
             return super().train(resume_from_checkpoint, *args, **kwargs)
@@ -152,20 +197,7 @@ class CheckpointStateMixin:
     def _last_complete_checkpoint(self) -> str:
         """The newest complete ``checkpoint-N`` of ``output_dir``; newer incomplete ones are renamed aside."""
         out = self.args.output_dir
-        found = sorted((int(m.group(1)), name) for name in (os.listdir(out) if os.path.isdir(out) else [])
-                       if (m := _CHECKPOINT_DIR.match(name)) and os.path.isdir(os.path.join(out, name)))
-        if not found:
-            raise ValueError(f"No valid checkpoint found in output directory ({out})")
-        skipped = []
-        for _, name in reversed(found):
-            path = os.path.join(out, name)
-            problem = checkpoint_problem(path)
-            if problem is None:
-                break
-            skipped.append((path, problem))
-        else:
-            raise ValueError(f"no complete checkpoint in {out}: " + "; ".join(why for _, why in skipped) + ". Start a "
-                             "new run without resume_from_checkpoint")
+        path, skipped = last_complete_checkpoint(out)
         for bad, why in skipped:
             aside = os.path.join(out, INCOMPLETE_PREFIX + os.path.basename(bad))
             n = 0
@@ -191,7 +223,7 @@ def check_checkpoint_record(checkpoint: str, trainer_name: str, args) -> dict:
     problem = checkpoint_problem(checkpoint)
     if problem is not None:
         raise ValueError(f"cannot resume from {checkpoint}: {problem}. Resume from the previous checkpoint, or pass "
-                         "resume_from_checkpoint=True to pick the last complete one")
+                         "resume_from_checkpoint=True to pick the last complete one (--resume_from_checkpoint true)")
     state_file = os.path.join(checkpoint, TRAINER_STATE_NAME)
     record = TrainerState.load_from_json(state_file).stateful_callbacks.get(TrlVariantsCheckpoint.__name__)
     if not isinstance(record, dict) or "trainer" not in record:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from trl import DatasetMixtureConfig, ModelConfig, ScriptArguments, TrlParser
 
+from ._checkpoint import last_complete_checkpoint, resume_target
 from ._validation import check_model_reference, check_no_none, ensure_pad_token
 from .default import DEFAULT_MODEL_PATH, load_default_dataset
 from .registry import REGISTRY, method_classes
@@ -136,6 +137,14 @@ class TrainScriptArguments(DataScriptArguments):
                           "turned off, with a note, when --dataset_name / --datasets name other data."},
     )
     heldout_k: int = field(default=4, metadata={"help": "Samples per held-out prompt for avg@k."})
+    keep_recipe_batch: bool = field(
+        default=True,
+        metadata={"help": "A recipe whose header states `# processes: N` launched on another process count keeps its "
+                          "global batch: gradient_accumulation_steps and steps_per_generation (or else the per-device "
+                          "batch sizes) are rescaled, with a printed line, or the run is refused where no whole "
+                          "numbers keep it. Off when batch flags are given on the command line. false: the per-device "
+                          "values as written (the global batch scales with the process count)."},
+    )
 
 
 def parse_args(config_cls, default_config: str | Path | None = None, argv: list[str] | None = None,
@@ -245,13 +254,8 @@ def load_datasets(script_args: TrainScriptArguments, training_args=None, tokeniz
     if not hasattr(ds, "keys"):  # a single Dataset
         train, test = ds, None
     else:
-        if script_args.dataset_train_split not in ds:
-            raise ValueError(
-                f"dataset {name!r} has no split {script_args.dataset_train_split!r} (splits: {list(ds)}); "
-                "set --dataset_train_split"
-            )
-        train = ds[script_args.dataset_train_split]
-        test = ds.get(script_args.dataset_test_split)
+        train = _split(ds, script_args.dataset_train_split, name, "--dataset_train_split")
+        test = _split(ds, script_args.dataset_test_split, name, None)
     train = _prepare_columns(train, script_args, name)
     test = None if test is None else _prepare_columns(test, script_args, name)
     wants_eval = training_args is not None and getattr(training_args, "eval_strategy", "no") != "no"
@@ -262,6 +266,31 @@ def load_datasets(script_args: TrainScriptArguments, training_args=None, tokeniz
         if test is not None:
             test = filter_prompt_length(test, tokenizer, script_args.filter_prompt_length, kwargs, "eval")
     return train, test
+
+
+_SPLIT_SLICE = re.compile(r"^(.+)\[(-?\d*):(-?\d*)\]$")
+
+
+def _split(ds, split: str, name: str, flag: str | None):
+    """Split ``split`` of the DatasetDict ``ds``, optionally sliced by rows as ``datasets`` writes it
+    (``train[:64]``, ``train[100:200]``: a smoke run on part of the data). ``flag``: the option that named it (a
+    missing split is then an error naming it; without, None)."""
+    match = _SPLIT_SLICE.match(split)
+    base = match.group(1) if match else split
+    if base not in ds:
+        if flag is None:
+            return None
+        raise ValueError(f"dataset {name!r} has no split {base!r} (splits: {list(ds)}); set {flag} (a split, "
+                         "optionally sliced: train[:64])")
+    part = ds[base]
+    if match:
+        start, stop = (int(v) if v else None for v in match.group(2, 3))
+        rows = range(len(part))[start:stop]
+        if not rows:
+            raise ValueError(f"dataset {name!r}: {flag or 'split'} {split!r} selects no rows of {base!r} "
+                             f"({len(part)} rows)")
+        part = part.select(rows)
+    return part
 
 
 def check_dataset_flags(script_args: TrainScriptArguments) -> None:
@@ -430,9 +459,11 @@ def quantization_config(model_args: ModelConfig):
 def trainer_kwargs(script_args: TrainScriptArguments, training_args, model_args: ModelConfig) -> dict:
     """The keyword arguments of the trainer, built as TRL's grpo.py builds GRPOTrainer's (reward model path first
     in ``reward_funcs``, ``quantization_config`` and ``peft_config`` from TRL's helpers). Every flag is checked
-    before anything loads; the datasets load here, the models in the trainer."""
+    before anything loads, and what the run needs (:func:`check_prerequisites`: extras, tracker login, Hub id and
+    token, the checkpoint to resume); the datasets load here, the models in the trainer."""
     from trl import get_peft_config
 
+    check_prerequisites(training_args)
     check_model_flags(model_args)
     check_dataset_flags(script_args)
     quantization = quantization_config(model_args)
@@ -455,14 +486,301 @@ def trainer_kwargs(script_args: TrainScriptArguments, training_args, model_args:
                 peft_config=get_peft_config(model_args))
 
 
+# --- before anything loads: the recipe's batch on this process count, what the run needs, the checkpoint ---------
+
+BATCH_FLAGS = ("per_device_train_batch_size", "gradient_accumulation_steps", "steps_per_generation",
+               "generation_batch_size", "pef_batch_size")
+"""The fields that size a run's batch. Given on the command line, they decide it: :func:`recipe_batch` then rescales
+nothing (``scripts/slurm_train.sh`` passes its own rescaled values this way, so nothing is rescaled twice)."""
+
+_PROCESSES_LINE = re.compile(r"^#\s*processes:\s*(\d+)")
+
+
+def recipe_processes(path: str | Path) -> int | None:
+    """The process count a YAML's batch arithmetic is written for: its ``# processes: N`` header line (in the comment
+    block that opens the file, as ``trainers_tests/examples/test_configs.py`` reads it), or None."""
+    for line in Path(path).read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            return None
+        match = _PROCESSES_LINE.match(line.strip())
+        if match:
+            return int(match.group(1))
+    return None
+
+
+def num_processes() -> int:
+    """The process count of this launch, before the training arguments are parsed: accelerate's ``PartialState``
+    when it is already set up, else the launcher's environment (``WORLD_SIZE``, set by ``accelerate launch`` and
+    ``torchrun``; MPI's sizes), else 1. :func:`run_training` checks it against the parsed ``world_size``."""
+    from accelerate import PartialState
+    from accelerate.utils import get_int_from_env
+
+    if PartialState._shared_state:
+        return PartialState().num_processes
+    return get_int_from_env(["WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE"], 1)
+
+
+def _given(argv: list[str]) -> list[str]:
+    """The option names of ``argv`` (``--name value``, ``--name=value``; dashes read as underscores, as
+    ``HfArgumentParser`` accepts both)."""
+    return [a[2:].split("=", 1)[0].replace("-", "_") for a in argv if a.startswith("--")]
+
+
+def _keep_recipe_batch(argv: list[str], raw: dict) -> bool:
+    """``keep_recipe_batch`` as the parser will read it (the YAML's value, a flag overriding it), read before
+    parsing because the rescaled values are passed to the parser."""
+    from transformers.hf_argparser import string_to_bool
+
+    value = raw.get("keep_recipe_batch", True)
+    for i, arg in enumerate(argv):
+        name = arg[2:].split("=", 1)[0].replace("-", "_") if arg.startswith("--") else None
+        if name == "no_keep_recipe_batch":
+            value = False
+        elif name == "keep_recipe_batch":
+            text = (arg.split("=", 1)[1] if "=" in arg else
+                    argv[i + 1] if i + 1 < len(argv) and not argv[i + 1].startswith("--") else "true")
+            try:
+                value = string_to_bool(text)
+            except Exception:  # the parser refuses it, naming the flag
+                pass
+    return bool(value)
+
+
+def _batch_values(raw: dict, config_cls) -> dict:
+    """The YAML's batch fields, with the config class's defaults for those it does not set."""
+    import dataclasses
+
+    defaults = {f.name: f.default for f in dataclasses.fields(config_cls) if f.default is not dataclasses.MISSING}
+    return {name: raw.get(name, defaults.get(name)) for name in BATCH_FLAGS}
+
+
+def _rescaled(values: dict, written: int, processes: int) -> list[tuple[str, int, int]] | None:
+    """``[(field, recipe value, value on processes), ...]`` keeping the global batch of ``values`` (written for
+    ``written`` processes) on ``processes``: gradient_accumulation_steps and steps_per_generation times
+    written / processes (the per-device memory unchanged), else, on more processes, the per-device batch sizes;
+    None where no whole numbers do."""
+    from fractions import Fraction
+
+    ratio = Fraction(written, processes)
+    micro, generation = values["per_device_train_batch_size"], values["generation_batch_size"]
+    changes = [(name, values[name], values[name] * ratio) for name in ("gradient_accumulation_steps",
+                                                                      "steps_per_generation") if values[name]]
+    if all(new.denominator == 1 for *_, new in changes) and (not generation or generation % (micro * processes) == 0):
+        return [(name, old, int(new)) for name, old, new in changes]
+    if ratio < 1:  # more processes: smaller per-device batches (slurm_train.sh's fallback)
+        changes = [(name, values[name], values[name] * ratio) for name in ("per_device_train_batch_size",
+                                                                          "pef_batch_size") if values[name]]
+        if all(new.denominator == 1 for *_, new in changes):
+            return [(name, old, int(new)) for name, old, new in changes]
+    return None
+
+
+def recipe_batch(config: str | Path, argv: list[str], processes: int, config_cls=None) -> tuple[list[str], str]:
+    """``(flags, note)`` for a run of the YAML ``config`` with the command line ``argv`` on ``processes`` processes.
+    A YAML whose header states ``# processes: N`` (the paper recipes) keeps its global batch on another process
+    count: ``flags`` are the rescaled batch fields to add to the command line (:func:`_rescaled`), ``note`` the line
+    with the arithmetic to print. Nothing is rescaled when the header is absent or equal, when the command line
+    sets a batch field itself (:data:`BATCH_FLAGS`; then ``note`` says so) or with ``--keep_recipe_batch false``
+    (the per-device values as written; ``note`` gives the changed batch). Raises ValueError, with the arithmetic,
+    the process counts that keep the batch and the ways out, where no whole numbers keep it (e.g. 8 -> 3)."""
+    import yaml
+    from trl import GRPOConfig
+
+    written = recipe_processes(config)
+    if written is None or written == processes:
+        return [], ""
+    path = Path(config)
+    name = recipe_name(path) if path.resolve().is_relative_to(RECIPES_DIR) else str(config)
+    head = (f"{name} is written for {written} process{'es' if written > 1 else ''}, this run has {processes}")
+    given = [f"--{g}" for g in dict.fromkeys(_given(argv)) if g in BATCH_FLAGS]
+    if given:
+        return [], f"{head}: your batch flags ({' '.join(given)}) decide the batch, nothing is rescaled"
+    raw = yaml.safe_load(path.read_text()) or {}
+    values = _batch_values(raw, config_cls or GRPOConfig)
+    micro, accumulation = values["per_device_train_batch_size"], values["gradient_accumulation_steps"]
+    generation = values["generation_batch_size"]
+
+    def batch(v: dict, p: int) -> tuple[int, int, int]:
+        """(steps per generation, completions per optimizer step, completions per rollout batch) of v on p."""
+        per_generation = v["steps_per_generation"] or (generation // (v["per_device_train_batch_size"] * p)
+                                                       if generation else v["gradient_accumulation_steps"])
+        device = v["per_device_train_batch_size"] * p
+        return per_generation, device * v["gradient_accumulation_steps"], device * per_generation
+
+    per_generation, step, rollout = batch(values, written)
+    recipe = (f"{micro}/device x {written} processes x gradient_accumulation_steps {accumulation} = {step} "
+              f"completions per optimizer step, x steps_per_generation {per_generation} = {rollout} per rollout batch")
+    _, own_step, own_rollout = batch(values, processes) if not generation else (0, micro * processes * accumulation,
+                                                                               generation)
+    as_written = (f"--keep_recipe_batch false: the per-device values as written, {micro} x {processes} x "
+                  f"{accumulation} = {own_step} completions per optimizer step (the recipe's {step}), {own_rollout} "
+                  f"per rollout batch (the recipe's {rollout})")
+    if not _keep_recipe_batch(argv, raw):
+        return [], f"{head}: {as_written}"
+    changes = _rescaled(values, written, processes)
+    if changes is None:
+        fits = [str(p) for p in range(1, 4 * written + 1) if _rescaled(values, written, p) is not None]
+        tried = ", ".join(f"{field} {values[field]} x {written}/{processes} = {values[field] * written / processes:g}"
+                          for field in ("gradient_accumulation_steps", "steps_per_generation",
+                                        "per_device_train_batch_size") if values[field])
+        raise ValueError(
+            f"{head}, and no whole numbers keep its batch ({recipe}; {tried}). Fix: launch a process count that keeps "
+            f"it ({', '.join(fits)}; --num_processes), or set the batch yourself with --per_device_train_batch_size / "
+            f"--gradient_accumulation_steps / --steps_per_generation (docs/distributed.md), or pass {as_written}. "
+            "Nothing was loaded")
+    new = {**values, **{field: value for field, _, value in changes}}
+    _, new_step, new_rollout = batch(new, processes)
+    assert (new_step, new_rollout) == (step, rollout), (changes, step, rollout)
+    flags = [a for field, _, value in changes for a in (f"--{field}", str(value))]
+    what = " and ".join(f"{field} {old} -> {value}" for field, old, value in changes)
+    note = (f"{head}: {what} keep{'s' if len(changes) == 1 else ''} its batch "
+            f"({new['per_device_train_batch_size']}/device x {processes} process{'es' if processes > 1 else ''} x "
+            f"{new['gradient_accumulation_steps']} = {step} completions per optimizer step, x "
+            f"{batch(new, processes)[0]} = {rollout} per rollout batch); --keep_recipe_batch false keeps the "
+            "per-device values as written")
+    return flags, note
+
+
+TRACKER_PACKAGES = {"wandb": '"trl-variants[wandb]"', "trackio": '"trl-variants[trackio]"', "comet_ml": "comet-ml",
+                    "azure_ml": "azureml-core", "neptune": "neptune", "tensorboard": "tensorboard"}
+"""What to ``pip install`` for a ``report_to`` tracker (others: the tracker's name)."""
+
+_PLACEHOLDER_HUB_ID = re.compile(r"^(your[-_]?[a-z]*|<[^>]*>|org|user|username)/", re.IGNORECASE)
+
+
+def _wandb_logged_in() -> bool:
+    """A wandb API key is at hand: ``WANDB_API_KEY``, or the netrc entry ``wandb login`` writes for the API host."""
+    import netrc
+    from urllib.parse import urlparse
+
+    if os.environ.get("WANDB_API_KEY", "").strip():
+        return True
+    host = urlparse(os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai").hostname or "api.wandb.ai"
+    path = os.environ.get("NETRC") or os.path.join(os.path.expanduser("~"), ".netrc")
+    try:
+        return bool(os.path.isfile(path) and netrc.netrc(path).authenticators(host))
+    except (OSError, netrc.NetrcParseError):
+        return False
+
+
+def _uses_deepspeed(training_args) -> bool:
+    """The launch asks for DeepSpeed: ``accelerate launch`` with a DeepSpeed config sets ``ACCELERATE_USE_DEEPSPEED``
+    (accelerate's state reads it), or the training arguments name a DeepSpeed config."""
+    from accelerate.utils import parse_flag_from_env
+
+    return parse_flag_from_env("ACCELERATE_USE_DEEPSPEED") or bool(getattr(training_args, "deepspeed", None))
+
+
+def prerequisite_problems(training_args) -> list[str]:
+    """What the run needs and this machine lacks, each with its fix: an extra for ``use_vllm``, a DeepSpeed launch
+    and each ``report_to`` tracker; the wandb login (unless ``WANDB_MODE`` is offline or disabled); for
+    ``push_to_hub`` a real ``hub_model_id`` (not a placeholder like ``your-org/...``), a Hub token and the network;
+    for ``resume_from_checkpoint`` true / last a checkpoint in output_dir. Reads the environment only: nothing is
+    imported that the run would not import, nothing loads."""
+    import importlib.util
+
+    problems = []
+    if getattr(training_args, "use_vllm", False) and importlib.util.find_spec("vllm") is None:
+        problems.append('use_vllm: true needs vLLM: pip install "trl-variants[vllm]" (on a CUDA GPU), or pass '
+                        "--use_vllm false to generate with transformers")
+    if _uses_deepspeed(training_args) and importlib.util.find_spec("deepspeed") is None:
+        problems.append('the launch uses DeepSpeed (an accelerate config with distributed_type: DEEPSPEED, e.g. '
+                        'accelerate/zero2.yaml) but deepspeed is not installed: pip install "trl-variants[deepspeed]", '
+                        "or launch with another accelerate config (accelerate/multi_gpu.yaml, or none on one GPU)")
+    trackers = [t for t in (training_args.report_to or []) if t not in ("none", "all")]
+    if trackers:
+        from transformers.integrations.integration_utils import get_available_reporting_integrations
+
+        available = set(get_available_reporting_integrations())
+        for tracker in trackers:
+            if tracker not in available:
+                problems.append(f"report_to: [{tracker}] needs {tracker}: pip install "
+                                f"{TRACKER_PACKAGES.get(tracker, tracker)}, or pass --report_to none (or another "
+                                "tracker, e.g. --report_to trackio)")
+    mode = os.environ.get("WANDB_MODE", "").strip().lower()
+    if "wandb" in trackers and mode not in ("offline", "disabled", "dryrun") and not _wandb_logged_in():
+        problems.append("report_to: [wandb] needs a wandb login: run `wandb login` (or set WANDB_API_KEY), or "
+                        "WANDB_MODE=offline to log locally for a later `wandb sync`, or pass --report_to none")
+    if training_args.push_to_hub:
+        from huggingface_hub import constants, get_token
+
+        hub_id = training_args.hub_model_id
+        if hub_id and _PLACEHOLDER_HUB_ID.match(hub_id):
+            problems.append(f"push_to_hub: true with the placeholder hub_model_id {hub_id!r}: pass --hub_model_id "
+                            f"<you>/{hub_id.split('/', 1)[1]} (a repository you may write to), or --push_to_hub false")
+        if get_token() is None:
+            problems.append("push_to_hub: true needs a Hub token with write access: run `hf auth login` (or set "
+                            "HF_TOKEN), or pass --push_to_hub false")
+        if constants.HF_HUB_OFFLINE:
+            problems.append("push_to_hub: true, but HF_HUB_OFFLINE is set (no network to the Hub): unset it, or pass "
+                            "--push_to_hub false")
+    if resume_target(training_args.resume_from_checkpoint) is True:
+        try:
+            last_complete_checkpoint(training_args.output_dir)
+        except ValueError as e:
+            problems.append(str(e))
+    return problems
+
+
+def check_prerequisites(training_args) -> None:
+    """Refuse, in one message listing every :func:`prerequisite_problems` item with its fix, a run that would fail
+    later (transformers creates the Hub repository and starts the trackers only after the model has loaded)."""
+    problems = prerequisite_problems(training_args)
+    if problems:
+        raise ValueError(f"this run cannot start here ({len(problems)} problem{'s' if len(problems) > 1 else ''}, "
+                         "checked before any data or model loads):\n" + "\n".join(f"  - {p}" for p in problems)
+                         + "\nA first run without extras, logins or the Hub: --push_to_hub false --report_to none "
+                         "--use_vllm false (each paper recipe's header has a `# smoke:` command)")
+
+
+def where_it_runs(training_args) -> str:
+    """One line: the device and process count this run trains on, the precision, and, when a recipe keeps a run on
+    the CPU (the tiny recipes' ``use_cpu: true``) on a machine with a GPU, the flag that moves it there."""
+    import torch
+
+    device = training_args.device
+    name = (f"{device} ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else str(device))
+    precision = "bf16" if training_args.bf16 else "fp16" if training_args.fp16 else "fp32"
+    line = (f"training on {name}, {training_args.world_size} process{'es' if training_args.world_size > 1 else ''}, "
+            f"{precision} compute")
+    if training_args.use_cpu and torch.cuda.is_available():
+        line += (f" (use_cpu: true; this machine has {torch.cuda.device_count()} GPU(s): --use_cpu false trains "
+                 "there, see docs/gpu.md)")
+    return line
+
+
+def _config_argument(argv: list[str], default_config: str | Path | None) -> str | None:
+    """The YAML of the command line: ``--config FILE`` / ``--config=FILE``, else ``default_config``."""
+    for i, arg in enumerate(argv):
+        if arg == "--config" and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith("--config="):
+            return arg.split("=", 1)[1]
+    return None if default_config is None else str(default_config)
+
+
 def run_training(trainer_cls, config_cls, default_config: str | Path | None = None, argv: list[str] | None = None,
                  prog: str | None = None):
-    """What every ``examples/train_<algorithm>.py`` does, top to bottom: parse (YAML + flags), check every flag, load
-    the data and rewards, build the trainer, train, save, push."""
+    """What every ``examples/train_<algorithm>.py`` does, top to bottom: keep a recipe's batch on this process count
+    (:func:`recipe_batch`), parse (YAML + flags), check every flag and what the run needs (:func:`trainer_kwargs`,
+    :func:`check_prerequisites`), load the data and rewards, build the trainer, train, save, push."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    script_args, training_args, model_args = parse_args(config_cls, default_config=default_config, argv=argv,
-                                                        prog=prog)
+    config = _config_argument(argv, default_config)
+    processes, flags = num_processes(), []
+    if config is not None and os.path.isfile(config):
+        flags, note = recipe_batch(config, argv, processes, config_cls)
+        if note and os.environ.get("RANK", "0") == "0":
+            print(note)
+    script_args, training_args, model_args = parse_args(config_cls, default_config=default_config,
+                                                        argv=argv + flags, prog=prog)
+    if flags and training_args.world_size != processes:
+        raise ValueError(f"the batch was rescaled for {processes} processes (read from the launcher's environment), "
+                         f"but this run has {training_args.world_size}: pass the batch flags yourself, or "
+                         "--keep_recipe_batch false")
     check_heldout_flags(script_args, heldout_origin(argv, default_config))
+    if os.environ.get("RANK", "0") == "0":
+        print(where_it_runs(training_args))
+    training_args.resume_from_checkpoint = resume_target(training_args.resume_from_checkpoint)
     trainer = trainer_cls(**trainer_kwargs(script_args, training_args, model_args))
     if script_args.heldout_eval_steps:
         from .evaluate import HeldOutCallback

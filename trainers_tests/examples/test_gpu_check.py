@@ -71,3 +71,19 @@ def test_without_a_gpu_it_says_so(tmp_path):
     if "no CUDA device" not in proc.stderr:
         pytest.skip("a CUDA device is visible here")
     assert proc.returncode == 1 and "use --dry-run" in proc.stderr
+
+
+def test_the_training_command_says_where_it_runs(tmp_path, monkeypatch):
+    """The tiny recipes keep the run on the CPU (use_cpu: true); on a machine with a GPU the command says so and
+    names the flag that moves it there."""
+    import torch
+
+    from trl_variants import ERPOConfig
+    from trl_variants.scripts import where_it_runs
+
+    args = ERPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to="none")
+    assert where_it_runs(args) == "training on cpu, 1 process, fp32 compute"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert where_it_runs(args) == ("training on cpu, 1 process, fp32 compute (use_cpu: true; this machine has 2 "
+                                   "GPU(s): --use_cpu false trains there, see docs/gpu.md)")

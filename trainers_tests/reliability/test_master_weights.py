@@ -76,3 +76,4 @@ def test_the_rule_leaves_alone_what_keeps_master_weights(tmp_path, monkeypatch):
     assert has_master_weights(args)
     with pytest.raises(ValueError, match="low_precision_weights must be one of"):
         ERPOConfig(output_dir=str(tmp_path), use_cpu=True, low_precision_weights="bf16")
+
