@@ -274,28 +274,20 @@ def child(args) -> None:
     times: list[float] = []
     gen_times: list[float] = []
     in_generate = [0.0]  # seconds spent in `generate` so far (every trainer here generates with it on CPU)
-    generate = GenerationMixin.generate
-
-    def timed_generate(*a, **k):
-        t0 = time.perf_counter()
-        try:
-            return generate(*a, **k)
-        finally:
-            in_generate[0] += time.perf_counter() - t0
-
-    GenerationMixin.generate = timed_generate
     from transformers.generation.continuous_batching import ContinuousMixin
 
-    generate_batch = ContinuousMixin.generate_batch
+    def timed(method):  # the time spent in `generate` (and `generate_batch`, --continuous_batching)
+        def wrapper(*a, **k):
+            t0 = time.perf_counter()
+            try:
+                return method(*a, **k)
+            finally:
+                in_generate[0] += time.perf_counter() - t0
 
-    def timed_generate_batch(*a, **k):  # continuous batching (--continuous_batching)
-        t0 = time.perf_counter()
-        try:
-            return generate_batch(*a, **k)
-        finally:
-            in_generate[0] += time.perf_counter() - t0
+        return wrapper
 
-    ContinuousMixin.generate_batch = timed_generate_batch
+    GenerationMixin.generate = timed(GenerationMixin.generate)
+    ContinuousMixin.generate_batch = timed(ContinuousMixin.generate_batch)
 
     class Timer(TrainerCallback):
         def on_step_begin(self, a, state, control, **kw):
