@@ -3,6 +3,11 @@ entropy, response length, optional KL to a reference, and keep / exploration rat
 (DPH-RL Sec. 6.1). Outputs a JSON file with every number (per-prompt correctness counts included), a Markdown
 table and PNG plots.
 
+A sample is correct when one reward function, the correctness function (default ``accuracy_reward``;
+:func:`correctness_index`), gives it a value > 0; the other reward functions are reported beside it (their mean per
+pass), never summed into correctness. A model loaded from a path goes to the accelerator (:func:`eval_device`), and
+its device and dtype are printed.
+
 >>> from trl_variants.evaluate import EvalConfig, evaluate, write_report
 >>> results = evaluate("outputs/erpo-tiny", None, load_default_dataset()["test"], config=EvalConfig(k=8))
 >>> write_report([results], "eval/")
@@ -43,11 +48,11 @@ from ._validation import (
     checked_reward_funcs,
     ensure_pad_token,
 )
-from .generation import tokenize_prompts
+from .generation import eos_token_ids, tokenize_prompts
 from .presample import PresampleConfig, token_logps
 from .presample.cache import model_signature
 from .presample.logprobs import check_prompt_lengths, left_pad
-from .presample.reward_calls import check_reward_columns, reward_fingerprint, reward_name
+from .presample.reward_calls import RewardModelReward, check_reward_columns, reward_fingerprint, reward_name
 from .presample.runner import HFGenerator, _add_rewards, _process_shard
 from .presample.vllm_backend import (
     check_vllm_options,
@@ -58,12 +63,56 @@ from .presample.vllm_backend import (
 )
 from .rewards import accuracy_reward
 
-__all__ = ["EvalConfig", "HeldOutCallback", "PassAtKCallback", "ResultsFile", "check_backend", "evaluate",
-           "keep_and_exploration_rates", "make_generator", "pass_at_k", "plot_pass_at_k", "plot_temperature_sweep",
-           "run_key", "write_report"]
+__all__ = ["EvalConfig", "HeldOutCallback", "PassAtKCallback", "ResultsFile", "check_backend", "correctness_index",
+           "eval_device", "evaluate", "keep_and_exploration_rates", "make_generator", "pass_at_k", "plot_pass_at_k",
+           "plot_temperature_sweep", "run_key", "write_report"]
 
 BACKENDS = ("hf", "vllm")
 VLLM_EXTRA = "pip install 'trl-variants[vllm]'"
+DEFAULT_CORRECTNESS = "accuracy_reward"
+"""The reward function whose value > 0 counts a sample as correct when none is named (the recipes train with it)."""
+
+
+def eval_device(device=None) -> torch.device:
+    """Where :func:`evaluate` puts a model it loads in a single process: ``device`` when given (``"cpu"``,
+    ``"cuda:1"``), else the accelerator Accelerate picks for one process (``PartialState().device``: the GPU when
+    CUDA is available, else the CPU)."""
+    if device is not None:
+        return torch.device(device)
+    from accelerate import PartialState
+
+    return torch.device(PartialState().device)
+
+
+def correctness_index(reward_funcs: Sequence[Callable], correctness_func=None) -> int:
+    """Which of ``reward_funcs`` decides correctness (a sample is correct when its value is > 0; the others are only
+    reported): ``correctness_func`` (one of the functions, or its name), else the one named ``accuracy_reward``,
+    else the only function. A reward model is never chosen unless named. Raises, naming the functions, when the
+    choice is missing or ambiguous."""
+    names = [reward_name(f) for f in reward_funcs]
+    if correctness_func is not None and not isinstance(correctness_func, str):
+        found = [i for i, f in enumerate(reward_funcs) if f is correctness_func]
+        if not found:
+            raise ValueError(f"correctness_func {reward_name(correctness_func)!r} is not one of the reward functions "
+                             f"{names}: pass it in reward_funcs too")
+        return found[0]
+    if correctness_func is not None:
+        if correctness_func not in names:
+            raise ValueError(f"correctness_func {correctness_func!r} names none of the reward functions {names}: "
+                             "name one of them, or add that function to reward_funcs")
+        return names.index(correctness_func)
+    if DEFAULT_CORRECTNESS in names:
+        return names.index(DEFAULT_CORRECTNESS)
+    if len(reward_funcs) == 1 and not isinstance(reward_funcs[0], RewardModelReward | torch.nn.Module):
+        return 0
+    if len(reward_funcs) == 1:
+        raise ValueError(f"the only reward is the reward model {names[0]!r}, and its score > 0 does not mean a "
+                         "correct answer: add a verifiable reward function (accuracy_reward) to decide correctness, "
+                         "or count score > 0 as correct explicitly with correctness_func (--correctness_func "
+                         "reward_model)")
+    raise ValueError(f"evaluate counts a sample correct from one reward function, and none of {names} is "
+                     f"{DEFAULT_CORRECTNESS}: name the one whose value > 0 means correct with correctness_func "
+                     "(--correctness_func NAME); the others are reported beside it, never summed into correctness")
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -123,6 +172,11 @@ class EvalConfig:
             and a CUDA GPU).
         vllm_gpu_memory_utilization, vllm_tensor_parallel_size, vllm_max_model_length, vllm_model_impl: the vLLM
             engine's options, as GRPOConfig's fields of the same names (same defaults); resources only.
+        use_transformers_continuous_batching, transformers_continuous_batching_config, cache_implementation: with
+            ``backend="hf"``, how transformers generates, as GRPOConfig's fields of the same names (the offline
+            pass's :class:`~trl_variants.presample.PresampleConfig` options): continuous batching
+            (``model.generate_batch``, one call per chunk and temperature; refused with what it would drop) and
+            ``generate``'s KV cache (e.g. ``"static"``). Part of a results file's key when set.
         show_progress: show a progress bar (on the main process).
     """
 
@@ -168,11 +222,30 @@ class EvalConfig:
         default=_training_default("vllm_model_impl"),
         metadata={"help": "--backend vllm: model implementation, 'vllm' or 'transformers' (GRPOConfig's field)."},
     )
+    use_transformers_continuous_batching: bool = field(
+        default=False,
+        metadata={"help": "--backend hf: sample with transformers' continuous batching (model.generate_batch) "
+                          "instead of generate (GRPOConfig's field)."},
+    )
+    transformers_continuous_batching_config: dict | str | None = field(
+        default=None,
+        metadata={"help": "--backend hf with continuous batching: transformers ContinuousBatchingConfig arguments "
+                          "(JSON dict, e.g. '{\"max_batch_tokens\": 2048}'; GRPOConfig's field)."},
+    )
+    cache_implementation: str | None = field(
+        default=None,
+        metadata={"help": "--backend hf: the KV cache of generate, e.g. 'static' (GRPOConfig's field); None = the "
+                          "model's default."},
+    )
     show_progress: bool = field(default=True, metadata={"help": "Show a progress bar with an ETA."})
 
     # fields that do not change the numbers (left out of a results file's key)
     _NOT_IN_KEY = ("vllm_gpu_memory_utilization", "vllm_tensor_parallel_size", "vllm_max_model_length",
                    "show_progress")
+    # transformers generation options, in a results file's key only when set (files written before they existed
+    # keep their key)
+    _HF_ENGINE_DEFAULTS = {"use_transformers_continuous_batching": False,
+                           "transformers_continuous_batching_config": None, "cache_implementation": None}
 
     def __post_init__(self):
         if self.k < 1:
@@ -190,9 +263,21 @@ class EvalConfig:
             raise ValueError(f"vllm_tensor_parallel_size must be >= 1, got {self.vllm_tensor_parallel_size}")
         if not 0 < self.vllm_gpu_memory_utilization <= 1:
             raise ValueError(f"vllm_gpu_memory_utilization must be in (0, 1], got {self.vllm_gpu_memory_utilization}")
+        if isinstance(self.transformers_continuous_batching_config, str):  # a JSON string from the command line
+            self.transformers_continuous_batching_config = json.loads(self.transformers_continuous_batching_config)
+        engine = [k for k, default in self._HF_ENGINE_DEFAULTS.items() if getattr(self, k) != default]
+        if engine and self.backend != "hf":
+            raise ValueError(f"{', '.join(engine)} are options of transformers generation (backend 'hf'), but "
+                             f"backend={self.backend!r}: vLLM generates with its own engine. Remove them, or use "
+                             "backend='hf'")
+        if self.use_transformers_continuous_batching:
+            from .generation import check_continuous_batching
+
+            check_continuous_batching(continuous_batching_config=self.transformers_continuous_batching_config)
 
     def key_options(self) -> dict:
-        return {k: v for k, v in asdict(self).items() if k not in self._NOT_IN_KEY}
+        return {k: v for k, v in asdict(self).items() if k not in self._NOT_IN_KEY
+                and (k not in self._HF_ENGINE_DEFAULTS or v != self._HF_ENGINE_DEFAULTS[k])}
 
 
 # ---------------------------------------------------------------------------------------------- sampling ---
@@ -213,12 +298,15 @@ def check_backend(backend: str) -> None:
 
 def make_generator(config: EvalConfig, model, tokenizer, accelerator=None):
     """What samples the completions, the one place the backend is chosen: :class:`HFGenerator` (transformers
-    ``generate``) or, for ``backend="vllm"``, the offline pass's vLLM engine
+    ``generate``, or ``generate_batch`` with ``use_transformers_continuous_batching``, with ``config``'s
+    ``cache_implementation``) or, for ``backend="vllm"``, the offline pass's vLLM engine
     (:func:`~trl_variants.presample.vllm_backend.offline_generator`, built from ``config``'s ``vllm_*`` fields).
     Both have the offline pass's generator interface; everything after sampling is shared."""
     if config.backend == "vllm":
         return offline_generator(model, tokenizer, config, accelerator)
-    return HFGenerator(model, tokenizer)
+    return HFGenerator(model, tokenizer, continuous_batching=config.use_transformers_continuous_batching,
+                       continuous_batching_config=config.transformers_continuous_batching_config,
+                       cache_implementation=config.cache_implementation)
 
 
 def _pass_config(config: EvalConfig, temperature: float | None) -> PresampleConfig:
@@ -260,16 +348,27 @@ def _completion_stats(model, out, temperature, config, ref_model=None) -> dict:
 
 
 def _run_chunk(model, tokenizer, rows, prompt_ids, row_indices, chunk, label, temperature, config, generator,
-               reward_funcs, reference_model) -> dict:
-    """Sample and score one chunk (one pass over ``row_indices``); returns its record: per-prompt correct counts,
-    the completions' total length, and the entropy / KL sums."""
+               reward_funcs, reference_model, correctness: int = 0) -> dict:
+    """Sample and score one chunk (one pass over ``row_indices``); returns its record: per-prompt correct counts
+    (samples whose ``reward_funcs[correctness]`` value is > 0; the other functions never count), the samples that
+    function gave no value (``unrewarded``), each function's sum and count of values, the completions' total length,
+    the samples that stopped at ``max_completion_length`` without an end-of-sequence token, and the entropy / KL
+    sums."""
     pass_config = _pass_config(config, temperature)
     with torch.no_grad():
         out, _, _ = _process_shard(rows, prompt_ids, row_indices, chunk, model, tokenizer, pass_config, generator)
-    unrewarded = _add_rewards(out, rows, pass_config, reward_funcs, [1.0] * len(reward_funcs))
+    _add_rewards(out, rows, pass_config, reward_funcs, [1.0] * len(reward_funcs))
+    values = [v for o in out for v in o["ref_rewards_per_func"]]  # one row of per-function values per sample
+    per_func = [[v[j] for v in values if not math.isnan(v[j])] for j in range(len(reward_funcs))]
+    eos = set(eos_token_ids(tokenizer, model))
+    completions = [c for o in out for c in o["ref_completion_ids"]]
     record = {"pass": label, "chunk": chunk, "rows": [row_indices[0], row_indices[-1] + 1],
-              "correct": [sum(r > 0 for r in o["ref_rewards"]) for o in out],
-              "length_sum": sum(len(c) for o in out for c in o["ref_completion_ids"]), "unrewarded": unrewarded}
+              "correct": [sum(v[correctness] > 0 for v in o["ref_rewards_per_func"]) for o in out],
+              "length_sum": sum(len(c) for c in completions),
+              "unrewarded": sum(math.isnan(v[correctness]) for v in values),
+              "reward_sums": [math.fsum(f) for f in per_func], "reward_counts": [len(f) for f in per_func],
+              "stopped_at_limit": sum(len(c) >= config.max_completion_length and c[-1] not in eos
+                                      for c in completions)}
     if temperature is not None and (config.compute_entropy or reference_model is not None):
         with torch.no_grad():
             record.update(_completion_stats(model, out, temperature, config, reference_model))
@@ -296,22 +395,40 @@ def _dataset_hash(dataset, prompt_ids) -> dict:
     return {"rows": len(dataset), "content": h.hexdigest()[:16], "prompt_ids": ids}
 
 
-def run_key(model, dataset, prompt_ids, reward_funcs, config: EvalConfig, backend: str, reference_model=None) -> dict:
+def _reward_id(func) -> list:
+    """A reward function in a results file's key: its name and code fingerprint (a reward model: and its weights)."""
+    model = getattr(func, "model", None) if isinstance(func, RewardModelReward) else None
+    return [reward_name(func), reward_fingerprint(func)] + ([_weights_id(model)] if model is not None else [])
+
+
+def run_key(model, dataset, prompt_ids, reward_funcs, config: EvalConfig, backend: str, reference_model=None,
+            correctness: int = 0) -> dict:
     """Everything an evaluation's numbers depend on, as a flat dict (stored in a results file's header): the model
     (path and weights), the dataset (content and prompt token ids, which cover the tokenizer and chat template),
-    the reward functions, the options, the backend and the library versions."""
+    the reward functions and the one that decides correctness (``reward_funcs[correctness]``), the options, the
+    backend and the library versions."""
     from importlib import metadata
 
     key = {**config.key_options(),
            "model": str(getattr(model.config, "_name_or_path", "")), "model_weights": _weights_id(model),
            "dataset": _dataset_hash(dataset, prompt_ids),
-           "reward_funcs": [[reward_name(f), reward_fingerprint(f)] for f in reward_funcs],
+           "reward_funcs": [_reward_id(f) for f in reward_funcs],
+           "correctness_func": [correctness, *_reward_id(reward_funcs[correctness])],
            "reference_model": None if reference_model is None else {
                "model": str(getattr(reference_model.config, "_name_or_path", "")),
                "weights": _weights_id(reference_model)},
            "backend": backend,
            "versions": {pkg: metadata.version(pkg) for pkg in ("torch", "transformers", "trl-variants")}}
     return _normalized(key)
+
+
+def legacy_key(key: dict) -> dict | None:
+    """The key an evaluation with ``key`` had before correctness was decided by one function (earlier versions
+    counted a sample correct when the sum of every reward was > 0), when that rule gives the same numbers: one reward
+    function only (then the sum is that function). None otherwise."""
+    if len(key["reward_funcs"]) != 1:
+        return None
+    return {k: v for k, v in key.items() if k != "correctness_func"}
 
 
 def _describe_differences(old: dict, new: dict) -> str:
@@ -327,10 +444,12 @@ class ResultsFile:
     ``{"kind": "chunk", "pass": ..., "chunk": ..., ...}`` line per chunk, appended (and flushed to disk) as each
     finishes. Opening reads the finished chunks back when the header's key equals ``key``; another key is refused,
     naming what differs, unless ``restart`` (then the file is started over). A last line cut by an interruption is
-    dropped. Only the ``writer`` (the main process) writes."""
+    dropped. Only the ``writer`` (the main process) writes. A file written before correctness was decided by one
+    function is read when its rule gave the same numbers (:func:`legacy_key`), refused otherwise."""
 
     def __init__(self, path, key: dict, restart: bool = False, writer: bool = True):
         self.path, self.key, self.writer = Path(path), key, writer
+        self.accepted = [key] + ([legacy_key(key)] if "correctness_func" in key and legacy_key(key) else [])
         self.done: dict[tuple[str, int], dict] = {}
         self._valid_bytes = 0  # the length of the readable part (a cut last line is dropped)
         self._fresh = restart or not self.path.exists() or self.path.stat().st_size == 0
@@ -351,7 +470,15 @@ class ResultsFile:
         if not isinstance(header, dict) or header.get("kind") != "header":
             raise ValueError(f"{self.path} is not an evaluation results file (no header line): remove it, choose "
                              "another output directory, or restart (--restart true / restart=True) to overwrite it")
-        if header["key"] != self.key:
+        stripped = {k: v for k, v in self.key.items() if k != "correctness_func"}
+        if header["key"] not in self.accepted and header["key"] == stripped:  # only the correctness rule differs
+            funcs = [f[0] for f in header["key"].get("reward_funcs") or []]
+            raise ValueError(f"{self.path} was written by an earlier version of evaluate, which counted a sample "
+                             f"correct when the sum of all its rewards ({', '.join(funcs)}) was > 0; now only "
+                             f"{self.key['correctness_func'][1]} decides, and the others are reported beside it. "
+                             "Restart (--restart true / restart=True) to evaluate again under this rule, or choose "
+                             "another output directory")
+        if header["key"] not in self.accepted:
             differences = _describe_differences(header["key"], self.key)
             raise ValueError(f"{self.path} holds the results of another evaluation ({differences}). Rerun with the "
                              "same model and options to resume it, choose another output directory, or restart "
@@ -386,8 +513,30 @@ class ResultsFile:
 
 
 # ----------------------------------------------------------------------------------------------- evaluate ---
+def _pass_extras(chunks: list[dict], reward_labels: list[str], samples_per_prompt: int) -> dict:
+    """A pass's mean value of each reward function (over the samples it scored) and the share of samples that
+    stopped at max_completion_length, from its chunk records; a number is left out when a chunk read back from a
+    file written by an earlier version lacks it."""
+    extras: dict = {}
+    if all("reward_sums" in r for r in chunks):
+        sums = [math.fsum(r["reward_sums"][j] for r in chunks) for j in range(len(reward_labels))]
+        counts = [sum(r["reward_counts"][j] for r in chunks) for j in range(len(reward_labels))]
+        extras["reward_means"] = {name: s / c if c else float("nan")
+                                  for name, s, c in zip(reward_labels, sums, counts, strict=True)}
+    if all("stopped_at_limit" in r for r in chunks):
+        samples = samples_per_prompt * sum(len(r["correct"]) for r in chunks)
+        extras["stopped_at_limit"] = sum(r["stopped_at_limit"] for r in chunks) / samples
+    return extras
+
+
+def reward_labels(reward_funcs) -> list[str]:
+    """The reward functions' names as the results name them (a repeated name gets ``#2``, ``#3``...)."""
+    names = [reward_name(f) for f in reward_funcs]
+    return [n if names[:i].count(n) == 0 else f"{n}#{names[:i].count(n) + 1}" for i, n in enumerate(names)]
+
+
 def _aggregate(records: dict, passes, n_chunks: int, config: EvalConfig, dataset, with_entropy: bool,
-               with_kl: bool, base_results: dict | None) -> dict:
+               with_kl: bool, base_results: dict | None, labels: list[str] | None = None) -> dict:
     """The numbers of every pass, from the chunk records in chunk order (the same sums whether the records were
     computed now or read back)."""
     out: dict = {"temperatures": {}}
@@ -395,14 +544,17 @@ def _aggregate(records: dict, passes, n_chunks: int, config: EvalConfig, dataset
     for label, temperature in passes:
         chunks = [records[(label, c)] for c in range(n_chunks)]
         correct = [c for r in chunks for c in r["correct"]]
+        extras = _pass_extras(chunks, labels or [], 1 if temperature is None else n)
         if temperature is None:
             out["greedy"] = sum(c > 0 for c in correct) / len(correct)
+            out.update({f"greedy_{k}": v for k, v in extras.items()})
             continue
         entry = {
             f"avg@{n}": sum(correct) / (n * len(correct)),
             "pass@k": {str(kk): sum(pass_at_k(n, c, kk) for c in correct) / len(correct) for kk in ks_up_to(n)},
             "mean_length": sum(r["length_sum"] for r in chunks) / (n * len(correct)),
             "correct": correct,
+            **extras,
         }
         if "level" in dataset.column_names:
             levels = dataset["level"]
@@ -435,8 +587,16 @@ def evaluate(
     results_file=None,
     restart: bool = False,
     generator=None,
+    correctness_func: Callable | str | None = None,
+    device=None,
+    dtype=None,
+    chat_template_kwargs: dict | None = None,
 ) -> dict:
     """Evaluate one model on ``dataset`` (``prompt`` + the columns the rewards read, e.g. ``solution``).
+
+    A sample is correct when ONE reward function, ``correctness_func`` (one of ``reward_funcs`` or its name;
+    default: ``accuracy_reward``, or the only function; :func:`correctness_index`), gives it a value > 0; every
+    function's mean value is reported beside (``reward_means``), never summed into correctness.
 
     ``model`` / ``reference_model``: a path or Hub id, or a model object (then ``tokenizer`` is required; the vLLM
     backend needs a path, as it loads its own copy of the weights).
@@ -446,9 +606,15 @@ def evaluate(
     ``results_file``: a JSON-lines file the finished chunks are appended to and resumed from (module docstring);
     ``restart``: discard what it holds. ``generator``: what samples, replacing the ``config.backend`` one (the
     held-out callback passes the trainer's vLLM engine).
-    Returns a dict: ``name``, ``config``, ``greedy`` accuracy, and per temperature ``avg@k``, ``pass@k'``,
-    ``entropy``, ``mean_length``, ``kl_to_reference`` (if asked), the per-prompt ``correct`` counts, and keep /
-    exploration rates (if ``base_results``).
+    ``device``: where a model loaded from a path goes in a single process (default :func:`eval_device`: the GPU
+    when there is one; a model object stays where it is unless ``device`` is given; with ``accelerator``, its
+    device); the device and dtype are printed. ``dtype``: ``from_pretrained``'s (``"bfloat16"``, ``"auto"``...).
+    ``chat_template_kwargs``: extra ``apply_chat_template`` arguments for conversational prompts.
+    Returns a dict: ``name``, ``config``, ``correctness_func`` and ``reward_funcs`` (names), ``greedy`` accuracy,
+    and per temperature ``avg@k``, ``pass@k'``, ``entropy``, ``mean_length``, ``kl_to_reference`` (if asked), the
+    per-prompt ``correct`` counts, ``reward_means`` (each function's mean value), ``stopped_at_limit`` (the share
+    of samples cut at ``max_completion_length``) and keep / exploration rates (if ``base_results``); greedy's
+    ``reward_means`` and ``stopped_at_limit`` are ``greedy_reward_means`` and ``greedy_stopped_at_limit``.
     """
     from accelerate.utils import gather_object
     from tqdm.auto import tqdm
@@ -456,6 +622,9 @@ def evaluate(
 
     config = config or EvalConfig()
     reward_funcs = [reward_funcs] if callable(reward_funcs) else list(reward_funcs)
+    if not reward_funcs:
+        raise ValueError("evaluate needs at least one reward function")
+    correctness = correctness_index(reward_funcs, correctness_func)  # before the wrapping (identity is kept)
     reward_funcs = checked_reward_funcs(reward_funcs)  # as the offline pass: bad values refused, naming the function
     # --- every check before anything loads ---
     if generator is None:
@@ -477,22 +646,40 @@ def evaluate(
         for _, t in passes:
             check_vllm_options(_pass_config(config, t))
     # --- load ---
-    if isinstance(model, str | Path):
+    loaded = isinstance(model, str | Path)
+    load_kwargs = {"dtype": dtype} if dtype is not None else {}
+    if loaded:
         name = name or Path(str(model)).name
         tokenizer = tokenizer or AutoTokenizer.from_pretrained(str(model), padding_side="left")
-        model = AutoModelForCausalLM.from_pretrained(str(model))
+        model = AutoModelForCausalLM.from_pretrained(str(model), **load_kwargs)
     if isinstance(reference_model, str | Path):
-        reference_model = AutoModelForCausalLM.from_pretrained(str(reference_model))
+        reference_model = AutoModelForCausalLM.from_pretrained(str(reference_model), **load_kwargs)
     if tokenizer is None:
         raise ValueError("tokenizer is required when model is a model object")
     ensure_pad_token(tokenizer)  # as GRPOTrainer: no pad token (Llama 3, Mistral) pads with EOS
-    device = accelerator.device if accelerator is not None else next(model.parameters()).device
-    if config.backend == "hf" or generator is not None or config.compute_entropy or reference_model is not None:
+    if accelerator is not None:
+        device = accelerator.device
+    elif loaded or device is not None:
+        device = eval_device(device)
+    else:  # a model object (a trainer's policy) stays where it is
+        device = next(model.parameters()).device
+    name = name or getattr(model.config, "_name_or_path", "model")
+    scores = config.compute_entropy or reference_model is not None
+    moved = config.backend == "hf" or generator is not None or scores
+    if moved:
         model = model.to(device)  # with its own vLLM engine and nothing to score, the model stays off the GPU
+    if loaded and (accelerator is None or accelerator.is_main_process):
+        dtype_name = str(next(model.parameters()).dtype).removeprefix("torch.")
+        where = f"evaluate {name}: model on {device if moved else next(model.parameters()).device} ({dtype_name})"
+        if generator is None and config.backend == "vllm":
+            where += (": it scores the entropy / KL of vLLM's samples" if scores else ", unused: vLLM samples and "
+                      "nothing is scored (compute_entropy false, no reference model)")
+            if scores and device.type == "cpu":
+                where += "; on the CPU this pass is slow: --compute_entropy false skips it"
+        print(where, flush=True)
     if reference_model is not None:
         reference_model = reference_model.to(device)
-    name = name or getattr(model.config, "_name_or_path", "model")
-    prompt_ids = tokenize_prompts(tokenizer, list(dataset["prompt"]))
+    prompt_ids = tokenize_prompts(tokenizer, list(dataset["prompt"]), None, chat_template_kwargs)
     check_prompt_lengths(prompt_ids, minimum=1)
 
     rank, world = (accelerator.process_index, accelerator.num_processes) if accelerator is not None else (0, 1)
@@ -502,7 +689,7 @@ def evaluate(
     if results_file is not None:
         backend = generator.name if generator is not None else (
             f"vllm=={vllm_version()}" if config.backend == "vllm" else "hf")
-        key = run_key(model, dataset, prompt_ids, reward_funcs, config, backend, reference_model)
+        key = run_key(model, dataset, prompt_ids, reward_funcs, config, backend, reference_model, correctness)
         store = ResultsFile(results_file, key, restart=restart, writer=rank == 0)
         if world > 1:
             accelerator.wait_for_everyone()  # every process has read the file before the main one writes it
@@ -535,7 +722,7 @@ def evaluate(
                 rows_idx = chunk_rows(c)
                 record = _run_chunk(model, tokenizer, list(dataset.select(rows_idx)),
                                     [prompt_ids[i] for i in rows_idx], rows_idx, c, label, temperature, config,
-                                    generator, reward_funcs, reference_model)
+                                    generator, reward_funcs, reference_model, correctness=correctness)
             finished = [r for r in gather_object([record]) if r is not None] if world > 1 else [record]
             for r in finished:
                 if store is not None:
@@ -552,12 +739,14 @@ def evaluate(
                            f"process finished its share ({world} processes): the processes did not exchange their "
                            "results. Launch with accelerate launch or torchrun on a working process group")
     unrewarded = sum(r.get("unrewarded", 0) for r in records.values())
+    labels = reward_labels(reward_funcs)
     if unrewarded and rank == 0:
-        warnings.warn(f"evaluate: {unrewarded} completions got no reward (every reward function returned None or "
-                      "NaN): they never count as correct", stacklevel=2)
-    results: dict = {"name": name, "config": asdict(config), "num_prompts": len(dataset)}
+        warnings.warn(f"evaluate: {unrewarded} completions got no value from the correctness function "
+                      f"{labels[correctness]} (None or NaN): they never count as correct", stacklevel=2)
+    results: dict = {"name": name, "config": asdict(config), "num_prompts": len(dataset),
+                     "correctness_func": labels[correctness], "reward_funcs": labels}
     results.update(_aggregate(records, passes, n_chunks, config, dataset, config.compute_entropy or
-                              reference_model is not None, reference_model is not None, base_results))
+                              reference_model is not None, reference_model is not None, base_results, labels))
     return results
 
 
@@ -634,6 +823,19 @@ def markdown_table(all_results: Sequence[dict]) -> str:
                          f"{e['pass@k']['1']:.3f} | {e['pass@k'][str(k)]:.3f} | {fmt('entropy')} | "
                          f"{e['mean_length']:.1f} | {fmt('kl_to_reference')} | {fmt('keep_rate')} | "
                          f"{fmt('exploration_rate')} |")
+    rules = sorted({res["correctness_func"] for res in all_results if "correctness_func" in res})
+    if rules:
+        lines += ["", f"A sample is correct when {' / '.join(rules)} > 0 (the other reward functions never count)."]
+    means = [(res["name"], "greedy", res["greedy_reward_means"]) for res in all_results
+             if "greedy_reward_means" in res]
+    means += [(res["name"], t, e["reward_means"]) for res in all_results
+              for t, e in sorted(res["temperatures"].items(), key=lambda kv: float(kv[0])) if "reward_means" in e]
+    if means and any(len(m) > 1 for _, _, m in means):
+        funcs = list(dict.fromkeys(f for _, _, m in means for f in m))
+        lines += ["", "Mean reward per function:", "", "| model | T | " + " | ".join(funcs) + " |",
+                  "|---|---|" + "---|" * len(funcs)]
+        lines += [f"| {model} | {t} | " + " | ".join(f"{m[f]:.3f}" if f in m else "" for f in funcs) + " |"
+                  for model, t, m in means]
     return "\n".join(lines) + "\n"
 
 
@@ -693,6 +895,7 @@ class PassAtKCallback(TrainerCallback):
         if eval_steps < 1:
             raise ValueError(f"eval_steps must be >= 1, got {eval_steps}")
         config = config or EvalConfig(k=4)
+        correctness_index([reward_funcs] if callable(reward_funcs) else list(reward_funcs))  # refused now, not later
         self.trainer, self.dataset, self.config = trainer, dataset, callback_config(trainer, config, config.backend)
         self.eval_steps, self.reward_funcs = eval_steps, reward_funcs
 
@@ -729,6 +932,7 @@ class HeldOutCallback(TrainerCallback):
                  max_completion_length: int | None = None, plot: bool = True, backend: str = "hf"):
         if eval_steps < 1:
             raise ValueError(f"eval_steps must be >= 1, got {eval_steps}")
+        correctness_index([reward_funcs] if callable(reward_funcs) else list(reward_funcs))  # refused now, not later
         args = trainer.args
         self.trainer, self.dataset, self.eval_steps, self.reward_funcs, self.plot = (
             trainer, dataset, eval_steps, reward_funcs, plot)

@@ -3,6 +3,10 @@
 Prompts are tokenized exactly as TRL 1.16's ``GRPOTrainer._tokenize_prompts`` does (chat template with the
 generation prompt for conversational prompts, the tokenizer's own call for plain text), so a completion sampled
 here is one the trainer could have sampled.
+
+Two ways to generate, as GRPOTrainer's: ``model.generate`` on left-padded batches (optionally with a static KV cache,
+GRPOConfig's ``cache_implementation``), or transformers' continuous batching, ``model.generate_batch``
+(GRPOConfig's ``use_transformers_continuous_batching``; :func:`check_continuous_batching` lists what it cannot do).
 """
 
 from __future__ import annotations
@@ -78,22 +82,31 @@ def generate_completions(
     do_sample: bool = True,
     batch_size: int = 64,
     progress=None,
+    cache_implementation: str | None = None,
+    continuous_batching: bool = False,
+    continuous_batching_config: dict | None = None,
 ) -> list[list[list[int]]]:
-    """Sample ``num_samples`` completions for every prompt with ``model.generate``.
+    """Sample ``num_samples`` completions for every prompt with ``model.generate``, or with continuous batching.
 
     Returns, per prompt, a list of ``num_samples`` completion token lists (cut after the first EOS, EOS kept).
     ``batch_size`` counts sequences (prompt x sample) per ``generate`` call. ``progress`` is called with the
     number of prompts finished after each call. The sampling options are GRPOTrainer's (``min_p`` 0 and
     ``repetition_penalty`` 1 are off); ``generation_kwargs`` override them, as GRPOConfig's do.
+    ``cache_implementation``: the KV cache ``generate`` uses (e.g. ``"static"``), as GRPOConfig's.
+    ``continuous_batching``: generate with ``model.generate_batch`` instead, all the prompts in one call that the
+    engine schedules itself (``batch_size`` is not used; ``continuous_batching_config`` sizes its batches, see
+    :func:`generate_completions_continuous`).
     """
+    if continuous_batching:
+        return generate_completions_continuous(
+            model, tokenizer, prompt_ids, num_samples, max_new_tokens=max_new_tokens, temperature=temperature,
+            top_p=top_p, top_k=top_k, min_p=min_p, repetition_penalty=repetition_penalty,
+            generation_kwargs=generation_kwargs, do_sample=do_sample, progress=progress,
+            continuous_batching_config=continuous_batching_config)
     device = next(model.parameters()).device
     eos = eos_token_ids(tokenizer, model)
-    sampling = dict(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p or None) if do_sample else {}
-    kwargs = dict(max_new_tokens=max_new_tokens, do_sample=do_sample, repetition_penalty=repetition_penalty,
-                  pad_token_id=tokenizer.pad_token_id, eos_token_id=eos, **sampling)
-    # each prompt repeated num_samples times as rows of its own, one sequence per row (as GRPOTrainer generates):
-    # the same batch transformers builds for num_return_sequences, and valid under beam search (num_beams < samples)
-    config = GenerationConfig(**{**kwargs, **(generation_kwargs or {})}, num_return_sequences=1)
+    config = _generation_config(tokenizer, eos, max_new_tokens, temperature, top_p, top_k, min_p, repetition_penalty,
+                                generation_kwargs, do_sample, cache_implementation)
     per_call = max(1, batch_size // num_samples)
     was_training = model.training
     model.eval()
@@ -119,3 +132,168 @@ def generate_completions(
     finally:
         model.train(was_training)
     return out
+
+
+def _generation_config(tokenizer, eos, max_new_tokens, temperature, top_p, top_k, min_p, repetition_penalty,
+                       generation_kwargs, do_sample, cache_implementation=None) -> GenerationConfig:
+    sampling = dict(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p or None) if do_sample else {}
+    kwargs = dict(max_new_tokens=max_new_tokens, do_sample=do_sample, repetition_penalty=repetition_penalty,
+                  pad_token_id=tokenizer.pad_token_id, eos_token_id=eos, **sampling)
+    if cache_implementation is not None:
+        kwargs["cache_implementation"] = cache_implementation
+    # each prompt repeated num_samples times as rows of its own, one sequence per row (as GRPOTrainer generates):
+    # the same batch transformers builds for num_return_sequences, and valid under beam search (num_beams < samples)
+    return GenerationConfig(**{**kwargs, **(generation_kwargs or {})}, num_return_sequences=1)
+
+
+# ------------------------------------------------------------------------------------ continuous batching ---
+CONTINUOUS_BATCHING_GENERATION_KWARGS = frozenset((
+    "temperature", "top_k", "top_p", "min_p", "do_sample", "max_new_tokens", "eos_token_id", "pad_token_id",
+    "bos_token_id", "use_cache", "cache_implementation", "disable_compile", "compile_config",
+))
+"""``generation_kwargs`` that transformers' continuous batching honours (or that do not change what it samples;
+``cache_implementation`` is ``generate``'s: continuous batching has its own paged cache and ignores it). Its
+sampler applies temperature, top-k, top-p and min-p to each sequence's last logits only; a logits processor that
+needs the sequence so far (repetition penalty, minimum length, n-gram or word bans) is dropped with a log line,
+and beam search or assisted decoding do not exist there."""
+
+OWNED_BY_THE_PASS = {
+    "seed": "each call is seeded by the pass (one seed per shard), so the samples do not depend on the run",
+}
+
+
+def check_continuous_batching(*, repetition_penalty: float = 1.0, generation_kwargs: dict | None = None,
+                              continuous_batching_config: dict | None = None, device=None,
+                              flag: str = "use_transformers_continuous_batching") -> None:
+    """Refuse, by name and before any model loads, what transformers' continuous batching (``generate_batch``)
+    would silently drop or cannot run here: a repetition penalty, ``generation_kwargs`` outside
+    :data:`CONTINUOUS_BATCHING_GENERATION_KWARGS`, a ``continuous_batching_config`` that is not
+    ``ContinuousBatchingConfig``'s (or sets the seed the pass owns), and on a CPU (``device``; None: the machine has
+    no CUDA / XPU device) async batching, which transformers runs on CUDA / XPU only."""
+    from transformers.generation import ContinuousBatchingConfig
+
+    if repetition_penalty != 1.0:
+        raise ValueError(f"repetition_penalty={repetition_penalty} with {flag}: transformers' continuous batching "
+                         "drops the repetition penalty (its sampler sees only each sequence's last token), so the "
+                         f"completions would come from another distribution. Set repetition_penalty=1.0, or {flag}"
+                         "=False")
+    unsupported = sorted(set(generation_kwargs or {}) - CONTINUOUS_BATCHING_GENERATION_KWARGS)
+    if unsupported:
+        raise ValueError(f"generation_kwargs {unsupported} with {flag}: transformers' continuous batching applies "
+                         "only temperature, top_k, top_p and min_p (it drops logits processors that need the whole "
+                         "sequence and has no beam search), so the completions would come from another "
+                         f"distribution. Remove them from generation_kwargs, or set {flag}=False")
+    options = dict(continuous_batching_config or {})
+    owned = sorted(k for k in options if k in OWNED_BY_THE_PASS)
+    if owned:
+        raise ValueError("transformers_continuous_batching_config " + "; ".join(
+            f"{k!r}: {OWNED_BY_THE_PASS[k]}" for k in owned) + ". Remove it from transformers_continuous_batching_config")
+    try:
+        ContinuousBatchingConfig(**options)
+    except TypeError as e:
+        raise ValueError(f"transformers_continuous_batching_config {sorted(options)} is not a set of "
+                         f"transformers.generation.ContinuousBatchingConfig arguments ({e}): fix or remove the "
+                         "unknown keys") from None
+    if device is None:  # before the model loads: a machine without CUDA / XPU generates on its CPU
+        from transformers.utils import is_torch_cuda_available, is_torch_xpu_available
+
+        device = None if is_torch_cuda_available() or is_torch_xpu_available() else "cpu"
+    device_type = getattr(device, "type", device)
+    if device_type == "cpu" and options.get("use_async_batching"):
+        raise ValueError(f"transformers_continuous_batching_config use_async_batching=True with {flag} on a CPU: "
+                         "transformers runs async batching on CUDA or XPU devices only. Remove use_async_batching "
+                         "(or set it to False) on this machine")
+
+
+def _cpu_cache_blocks(options: dict, prompts, max_new_tokens: int) -> dict:
+    """On a CPU, a cache sized for the requests of the call (all of them at once) instead of a share of the machine's
+    RAM (transformers sizes it from ``max_memory_percent`` of the free memory, allocating and zeroing it on every
+    call; ``max_memory_percent`` still caps it), unless ``num_blocks`` is set."""
+    if options.get("num_blocks") is not None:
+        return options
+    from transformers.generation import ContinuousBatchingConfig
+
+    page = options.get("page_size", ContinuousBatchingConfig.page_size)
+    blocks = sum(-(-(len(p) + max_new_tokens) // page) for p in prompts)
+    return {**options, "num_blocks": blocks + 1}
+
+
+@torch.no_grad()
+def generate_completions_continuous(
+    model,
+    tokenizer,
+    prompt_ids: Sequence[Sequence[int]],
+    num_samples: int = 1,
+    *,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    min_p: float = 0.0,
+    repetition_penalty: float = 1.0,
+    generation_kwargs: dict | None = None,
+    do_sample: bool = True,
+    batch_size: int | None = None,
+    progress=None,
+    continuous_batching_config: dict | None = None,
+    seed: int | None = None,
+) -> list[list[list[int]]]:
+    """:func:`generate_completions` through transformers' continuous batching (``model.generate_batch``, as
+    GRPOTrainer with ``use_transformers_continuous_batching``): each prompt repeated ``num_samples`` times as
+    requests of their own, all of them in one ``generate_batch`` call (``batch_size`` None) or ``batch_size``
+    sequences per call; the engine schedules them itself (``continuous_batching_config``:
+    ``ContinuousBatchingConfig`` arguments, e.g. ``max_batch_tokens``, ``num_blocks``, ``max_memory_percent``).
+    Same output: per prompt ``num_samples`` completions, token ids cut after the first EOS, EOS kept, stopping at
+    the same EOS ids and ``max_new_tokens``. The engine draws its random numbers in its own order (its batches are
+    not ``generate``'s), so the samples are others than ``generate``'s with the same seed, drawn from the same
+    distribution. ``seed`` seeds every call (``ContinuousBatchingConfig.seed``); None: from torch's global generator.
+    Everything :func:`check_continuous_batching` refuses is refused here too; a request the engine failed
+    (transformers logs it and returns the others) is raised."""
+    from transformers.generation import ContinuousBatchingConfig
+
+    device = next(model.parameters()).device
+    check_continuous_batching(repetition_penalty=repetition_penalty, generation_kwargs=generation_kwargs,
+                              continuous_batching_config=continuous_batching_config, device=device)
+    eos = eos_token_ids(tokenizer, model)
+    config = _generation_config(tokenizer, eos, max_new_tokens, temperature, top_p, top_k, min_p, repetition_penalty,
+                                generation_kwargs, do_sample)
+    rows = [list(p) for p in prompt_ids for _ in range(num_samples)]
+    per_call = len(rows) if batch_size is None else max(num_samples, batch_size // num_samples * num_samples)
+    if seed is None:
+        seed = int(torch.randint(0, 2**31 - 1, (1,)).item())
+    was_training = model.training
+    model.eval()
+    out: list[list[list[int]]] = []
+    try:
+        for call, start in enumerate(range(0, len(rows), max(1, per_call))):
+            chunk = rows[start : start + per_call]
+            options = dict(continuous_batching_config or {})
+            if device.type == "cpu":
+                options = _cpu_cache_blocks(options, chunk, max_new_tokens)
+            results = model.generate_batch(
+                chunk, generation_config=config, progress_bar=False,
+                continuous_batching_config=ContinuousBatchingConfig(**options, seed=seed + call))
+            gen = _generated_tokens(results, chunk)
+            for i in range(len(chunk) // num_samples):
+                out.append([truncate_after_eos(list(g), eos) for g in gen[i * num_samples : (i + 1) * num_samples]])
+            if progress is not None:
+                progress(len(chunk) // num_samples)
+    finally:
+        model.train(was_training)
+    return out
+
+
+def _generated_tokens(results: dict, requests: list[list[int]]) -> list[list[int]]:
+    """The tokens ``generate_batch`` generated for each request, in request order; a missing or failed request
+    (transformers logs those and returns the rest) is raised, naming the engine's error."""
+    outputs = list(results.values())
+    failed = [o.error for o in outputs if o.error is not None]
+    if len(outputs) != len(requests) or failed:
+        hint = f": {failed[0]}" if failed else ""
+        raise RuntimeError(f"transformers' continuous batching returned {len(outputs) - len(failed)} of "
+                           f"{len(requests)} completions{hint}. If the KV cache is too small for a request (prompt + "
+                           "max_completion_length tokens), raise num_blocks or max_memory_percent in "
+                           "transformers_continuous_batching_config")
+    if any(list(o.prompt_ids) != r for o, r in zip(outputs, requests, strict=True)):
+        raise RuntimeError("transformers' continuous batching returned its completions out of the request order")
+    return [list(o.generated_tokens) for o in outputs]

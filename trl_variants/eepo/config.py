@@ -54,9 +54,10 @@ class EEPOConfig(DynamicSamplingConfig):
             come from. They are the unlearned model's log-probs of the stage-2 tokens, softmax(logits / T) before any
             logits processor. ``None``: read from the model's own forward passes while ``generate`` samples stage 2
             (no separate forward) when that gives the separate forward's values (transformers ``generate``, float32
-            weights, no bf16 / fp16, no beam search, static rotary position embeddings, no dropout left on), else a
-            separate no-grad forward after generation (vLLM, continuous batching, half precision, GPT-2-style
-            absolute positions, ...; docs/eepo.md). With ``entropy_gate="auto"`` the same applies to stage 1's
+            weights, no bf16 / fp16, no beam search, static rotary position embeddings, no dropout left on; a static
+            KV cache, ``cache_implementation="static"``, included), else a separate no-grad forward after generation
+            (vLLM, continuous batching, which says so in a warning naming ``use_transformers_continuous_batching``,
+            half precision, GPT-2-style absolute positions, ...; docs/eepo.md). With ``entropy_gate="auto"`` the same applies to stage 1's
             entropy for the gate, so a closed gate runs no forward. ``True``: always read while generating
             (refused with vLLM or continuous batching, whose engines do not run the trainer's module; in half
             precision the values differ from a forward by the usual generation/training rounding); ``False``:

@@ -183,7 +183,9 @@ def _dropout_active(model) -> bool:
 
 def _captures_stage2(trainer) -> bool:
     """Whether stage 2's old log-probs are read while generating (``EEPOConfig.capture_stage2_logps``): by default
-    only where that gives a separate forward's values."""
+    only where that gives a separate forward's values (a static KV cache, GRPOConfig's ``cache_implementation=
+    "static"``, does: ``generate`` still runs the trainer's module one step at a time; continuous batching does not,
+    :meth:`TwoStageRollout.setup` says so)."""
     args = trainer.args
     if args.capture_stage2_logps is not None:
         return args.capture_stage2_logps
@@ -219,6 +221,14 @@ class TwoStageRollout(Part):
         trainer._pending_old_logps = None  # per row, set by an unlearning rollout
         trainer._pending_stage2 = None  # that rollout's stage-2 rows
         self.capture = _captures_stage2(trainer)
+        if args.capture_stage2_logps is None and args.entropy_gate != "never" and \
+                trainer.use_transformers_continuous_batching:
+            warnings.warn("EEPO: stage 2's old log-probs (and, with entropy_gate='auto', stage 1's entropy) are not "
+                          "read while generating under use_transformers_continuous_batching: transformers' "
+                          "continuous batching engine runs the model on packed batches of its own scheduling, not "
+                          "on the rows the read follows. They are scored in a separate no-grad forward instead "
+                          "(same values, one more forward per rollout). Set capture_stage2_logps=False to choose "
+                          "that explicitly and silence this warning", stacklevel=2)
         self.trainer = trainer
 
     # ------------------------------------------------------------------------------------ checkpoint state ---

@@ -46,7 +46,8 @@ class PresampleConfig:
         record_completion_logps: add per-token ``ref_completion_logps`` (DPH-RL).
         value_beta: add ``ref_value`` with this beta1 (A*-PO; paper 0.5); None = skip.
         seed: base seed; shard ``i`` samples with seed ``seed * 1_000_003 + i``.
-        generation_batch_size: sequences (prompt x sample) per ``generate`` call.
+        generation_batch_size: sequences (prompt x sample) per ``generate`` call (not used with continuous
+            batching: a shard is one call).
         logprob_batch_size: sequences per scoring forward pass.
         shard_size: prompts per cache shard (the unit of resume and of work sharing between processes).
             These three fix the layout of the computation: a shard is always generated in the same batches, whatever
@@ -57,6 +58,17 @@ class PresampleConfig:
             available, else hf). The backend that actually runs is part of the cache key. A trainer with
             ``use_vllm=True`` generates with its own engine instead (docs/presample.md).
         use_vllm: the same as ``backend="vllm"`` (the name TRL's configs use).
+        use_transformers_continuous_batching: with ``backend="hf"``, sample with transformers' continuous batching
+            (``model.generate_batch``) instead of ``generate``, as GRPOConfig's option of that name: a shard is one
+            call, scheduled by the engine (``generation_batch_size`` is not used). Refused with what it would
+            silently drop (a repetition penalty, ``generation_kwargs`` other than temperature / top-k / top-p /
+            min-p). Same completions format, same distribution; other random draws than ``generate`` (docs).
+        transformers_continuous_batching_config: ``transformers.generation.ContinuousBatchingConfig`` arguments
+            (JSON dict), as GRPOConfig's (e.g. ``max_batch_tokens``, ``num_blocks``, ``max_memory_percent``); the
+            pass owns ``seed``. They fix the engine's batches, so they are part of the cache key (as the name of
+            the generator, with the other two options).
+        cache_implementation: the KV cache ``generate`` uses (e.g. ``"static"``), as GRPOConfig's; None = the
+            model's default. Not used with continuous batching (its cache is paged).
         vllm_tensor_parallel_size, vllm_gpu_memory_utilization, vllm_max_model_length: the offline ``vllm.LLM``'s
             (``trl-variants presample --use_vllm``); resources only, not in the cache key.
         cache_dir: where shards and the final dataset are stored; None = ``$TRL_VARIANTS_CACHE`` or
@@ -131,6 +143,20 @@ class PresampleConfig:
     use_vllm: bool = field(
         default=False, metadata={"help": "Generate with vLLM (the same as --backend vllm; needs vllm and a GPU)."}
     )
+    use_transformers_continuous_batching: bool = field(
+        default=False,
+        metadata={"help": "Sample with transformers' continuous batching (model.generate_batch) instead of generate, "
+                          "as GRPOConfig's option of that name (backend 'hf' only; one call per shard)."},
+    )
+    transformers_continuous_batching_config: dict | str | None = field(
+        default=None,
+        metadata={"help": "transformers ContinuousBatchingConfig arguments (JSON dict, e.g. "
+                          "'{\"max_batch_tokens\": 2048}'), as GRPOConfig's (part of the cache key)."},
+    )
+    cache_implementation: str | None = field(
+        default=None,
+        metadata={"help": "KV cache of generate (e.g. 'static'), as GRPOConfig's; None = the model's default."},
+    )
     vllm_tensor_parallel_size: int = field(
         default=1, metadata={"help": "GPUs the offline vLLM engine spreads the model over (one process only)."}
     )
@@ -153,9 +179,16 @@ class PresampleConfig:
     )
     show_progress: bool = field(default=True, metadata={"help": "Show a progress bar."})
 
-    # fields that do not change the result (excluded from the cache key; the backend that runs is keyed instead)
+    # fields that do not change the result (excluded from the cache key; the backend that runs is keyed instead:
+    # the transformers engine options are part of its name, ``runner.hf_generator_name``, whether they come from
+    # here or from a trainer's options)
     _NOT_IN_KEY = ("backend", "use_vllm", "vllm_tensor_parallel_size", "vllm_gpu_memory_utilization",
-                   "vllm_max_model_length", "cache_dir", "use_cache", "show_progress")
+                   "vllm_max_model_length", "cache_dir", "use_cache", "show_progress",
+                   "use_transformers_continuous_batching", "transformers_continuous_batching_config",
+                   "cache_implementation")
+    # the transformers engine options, at their defaults (only with backend="hf")
+    _HF_ENGINE_DEFAULTS = {"use_transformers_continuous_batching": False,
+                           "transformers_continuous_batching_config": None, "cache_implementation": None}
 
     def __post_init__(self):
         if self.num_samples < 0:
@@ -186,6 +219,21 @@ class PresampleConfig:
             raise ValueError(f"backend must be 'hf', 'vllm' or 'auto', got {self.backend!r}")
         if self.use_vllm:
             self.backend = "vllm"
+        if isinstance(self.transformers_continuous_batching_config, str):  # a JSON string from the command line
+            import json
+
+            self.transformers_continuous_batching_config = json.loads(self.transformers_continuous_batching_config)
+        engine_options = [k for k, default in self._HF_ENGINE_DEFAULTS.items() if getattr(self, k) != default]
+        if engine_options and self.backend != "hf":
+            raise ValueError(f"{', '.join(engine_options)} are options of transformers generation (backend='hf'), but "
+                             f"backend={self.backend!r}: vLLM generates with its own engine. Remove them, or use "
+                             "backend='hf'")
+        if self.use_transformers_continuous_batching and self.num_samples > 0:
+            from ..generation import check_continuous_batching
+
+            check_continuous_batching(repetition_penalty=self.repetition_penalty,
+                                      generation_kwargs=self.generation_kwargs,
+                                      continuous_batching_config=self.transformers_continuous_batching_config)
         if self.vllm_tensor_parallel_size < 1:
             raise ValueError(f"vllm_tensor_parallel_size must be >= 1, got {self.vllm_tensor_parallel_size}")
         if not 0 < self.vllm_gpu_memory_utilization <= 1:

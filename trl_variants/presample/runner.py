@@ -40,12 +40,39 @@ logger = logging.getLogger(__name__)
 
 class HFGenerator:
     """transformers ``generate`` (the default generator): a shard is sampled after ``torch.manual_seed(shard_seed)``
-    in batches of ``generation_batch_size`` sequences, so its samples are a function of (seed, shard, layout)."""
+    in batches of ``generation_batch_size`` sequences, so its samples are a function of (seed, shard, layout).
 
-    name = "hf"
+    ``continuous_batching``: a shard is one ``model.generate_batch`` call instead (transformers' continuous batching,
+    GRPOConfig's ``use_transformers_continuous_batching``), its engine seeded from the shard seed, sized by
+    ``continuous_batching_config`` (``ContinuousBatchingConfig`` arguments): its samples are a function of (seed,
+    shard, engine options). ``cache_implementation``: the KV cache ``generate`` uses (GRPOConfig's). Unset (None),
+    each is taken from the pass's :class:`PresampleConfig` (``config``, or the one :meth:`generate` gets): a
+    trainer's generator sets them from the trainer's options. ``name`` says which (:func:`hf_generator_name`), and is
+    part of the cache key. ``model`` / ``tokenizer`` None: the pass's own (:meth:`bound`)."""
 
-    def __init__(self, model, tokenizer):
+    def __init__(self, model=None, tokenizer=None, config: PresampleConfig | None = None, *,
+                 continuous_batching: bool | None = None, continuous_batching_config: dict | None = None,
+                 cache_implementation: str | None = None):
         self.model, self.tokenizer = model, tokenizer
+        if config is not None:
+            continuous_batching = (config.use_transformers_continuous_batching if continuous_batching is None
+                                   else continuous_batching)
+            continuous_batching_config = continuous_batching_config or config.transformers_continuous_batching_config
+            cache_implementation = cache_implementation or config.cache_implementation
+        self.continuous_batching = bool(continuous_batching)
+        self.continuous_batching_config = dict(continuous_batching_config or {}) if self.continuous_batching else None
+        self.cache_implementation = None if self.continuous_batching else cache_implementation
+        self.name = hf_generator_name(self.continuous_batching, self.continuous_batching_config,
+                                      self.cache_implementation)
+
+    def bound(self, model, tokenizer, config: PresampleConfig) -> HFGenerator:
+        """This generator on the pass's model and tokenizer where it has none, with the pass's engine options
+        where it sets none."""
+        return HFGenerator(self.model if self.model is not None else model,
+                           self.tokenizer if self.tokenizer is not None else tokenizer, config,
+                           continuous_batching=self.continuous_batching or None,
+                           continuous_batching_config=self.continuous_batching_config,
+                           cache_implementation=self.cache_implementation)
 
     def prepare(self):
         pass
@@ -55,12 +82,50 @@ class HFGenerator:
 
     def generate(self, prompt_ids, rows, config: PresampleConfig, shard_seed: int):
         torch.manual_seed(shard_seed)
+        engine = {}
+        if self.continuous_batching:
+            engine = dict(continuous_batching=True, continuous_batching_config=self.continuous_batching_config)
+        elif self.cache_implementation is not None:
+            engine = dict(cache_implementation=self.cache_implementation)
         return generate_completions(
             self.model, self.tokenizer, prompt_ids, config.num_samples, max_new_tokens=config.max_completion_length,
             temperature=config.temperature, top_p=config.top_p, top_k=config.top_k, min_p=config.min_p,
             repetition_penalty=config.repetition_penalty, generation_kwargs=config.generation_kwargs,
-            batch_size=config.generation_batch_size, do_sample=not config.greedy,
+            batch_size=config.generation_batch_size, do_sample=not config.greedy, **engine,
         )
+
+
+def hf_generator_name(continuous_batching: bool = False, continuous_batching_config: dict | None = None,
+                      cache_implementation: str | None = None) -> str:
+    """What the transformers generator runs, as the pass reports it and keys its cache: ``"hf"`` (``generate``),
+    ``"hf-continuous-batching"`` plus its engine options (``generate_batch``), or ``"hf-cache=<implementation>"``."""
+    if continuous_batching:
+        import json
+
+        options = json.dumps(continuous_batching_config, sort_keys=True) if continuous_batching_config else ""
+        return "hf-continuous-batching" + (f" {options}" if options else "")
+    if cache_implementation is not None:
+        return f"hf-cache={cache_implementation}"
+    return "hf"
+
+
+def check_hf_engine(generator: HFGenerator, config: PresampleConfig, model, accelerator=None) -> None:
+    """What transformers' continuous batching would drop or cannot run on this process's device, refused before the
+    model loads (a trainer's generator sets the option without the pass's config having checked it)."""
+    if not generator.continuous_batching:
+        return
+    from ..generation import check_continuous_batching
+
+    if accelerator is not None:
+        device = accelerator.device
+    elif isinstance(model, str | os.PathLike):
+        device = torch.device("cpu")  # loaded on the CPU
+    else:
+        device = next(model.parameters()).device
+    check_continuous_batching(repetition_penalty=config.repetition_penalty,
+                              generation_kwargs=config.generation_kwargs,
+                              continuous_batching_config=generator.continuous_batching_config,
+                              device=device)
 
 
 def _resolve_backend(config: PresampleConfig, model) -> str:
@@ -186,8 +251,10 @@ def presample(
             (a trainer passes its own prompt tokenization, so the stored ids are exactly the ones it trains on:
             its chat template, ``chat_template_kwargs`` and tools included).
         generator: what samples the completions (see :mod:`~trl_variants.presample.vllm_backend`); None = from
-            ``config.backend``: :class:`HFGenerator` or an offline vLLM engine. A trainer with ``use_vllm=True``
-            passes its own engine (:func:`~trl_variants.presample.vllm_backend.trainer_generator`). Everything else
+            ``config.backend``: :class:`HFGenerator` (with ``config``'s continuous batching / KV cache options) or an
+            offline vLLM engine. A trainer with ``use_vllm=True`` passes its own engine, one with
+            ``use_transformers_continuous_batching`` or ``cache_implementation`` an :class:`HFGenerator` with them
+            (:func:`~trl_variants.presample.vllm_backend.trainer_generator`). Everything else
             (prompt ids, shards, cache, resume, rewards, reference log-probs by the transformers model) is the same.
         trainer_state: given to the reward functions as ``trainer_state`` (a trainer passes its ``state``).
         shards: only these shards of the pass over the whole ``dataset`` (shard ``s`` holds rows
@@ -218,8 +285,17 @@ def presample(
     backend = "hf"
     if config.num_samples > 0:
         backend = generator.name if generator is not None else _resolve_backend(config, model)
-        if backend != "hf" or isinstance(generator, VLLMGenerator | ServerGenerator):
+        if backend == "vllm" or isinstance(generator, VLLMGenerator | ServerGenerator):
             check_vllm_options(config)  # options vLLM cannot honour, refused before the model loads
+        hf_engine = config.use_transformers_continuous_batching or config.cache_implementation is not None
+        if isinstance(generator, VLLMGenerator | ServerGenerator) and hf_engine:
+            raise ValueError("use_transformers_continuous_batching / cache_implementation are transformers generation "
+                             f"options, but the pass generates with {generator.name}: leave them unset")
+        if backend == "hf" or isinstance(generator, HFGenerator):
+            # the generator (its name keys the cache): the pass's, or a trainer's, on the pass's model
+            generator = (generator or HFGenerator()).bound(None, None, config)
+            backend = generator.name
+            check_hf_engine(generator, config, model, accelerator)  # e.g. async batching on a CPU, before loading
     clash = [c for c in COLUMNS if c in dataset.column_names]
     if clash:
         raise ValueError(f"the dataset already has presample columns {clash}: it was presampled already (pass it "
@@ -290,10 +366,10 @@ def presample(
             unrewarded += _add_rewards(out, list(dataset.select(shard_range(s))), config, reward_funcs,
                                        reward_weights, trainer_state)
 
+    if isinstance(generator, HFGenerator):
+        generator = generator.bound(model, tokenizer, config)
     if config.num_samples > 0 and generator is None:
-        if backend == "hf":
-            generator = HFGenerator(model, tokenizer)
-        elif todo or world > 1:  # an engine is expensive to start: not for a finished pass (processes start together)
+        if todo or world > 1:  # an engine is expensive to start: not for a finished pass (processes start together)
             generator = offline_generator(model, tokenizer, config, accelerator)
     bar = tqdm(total=sum(len(shard_range(s)) for s in todo), desc="presample", unit="prompt",
                disable=rank != 0 or not config.show_progress)
