@@ -214,9 +214,29 @@ class FiniteTrainingMixin:
         return loss
 
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
-        with finite_logits(self):
+        with finite_logits(self), weights_kept_in_place(self):
             return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations,
                                                  has_tool_images)
+
+
+@contextmanager
+def weights_kept_in_place(trainer):
+    """TRL 1.16's continuous-batching rollout casts the policy to bf16/fp16 *in place* before ``generate_batch``
+    (``unwrapped_model.to(torch.bfloat16)`` when ``bf16``) and never back: the float32 weights the optimizer updates
+    are rounded to bf16 at every rollout, so updates below bf16's resolution vanish, as with no master copy at all.
+    While the rollout runs, the policy's ``to`` is a no-op here: generation still computes in bf16/fp16 through the
+    autocast Accelerate wraps the model's forward in. (DeepSpeed keeps its own fp32 master copy: left alone.)"""
+    args = trainer.args
+    if not (trainer.use_transformers_continuous_batching and (args.bf16 or args.fp16)
+            and not trainer.is_deepspeed_enabled):
+        yield
+        return
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    model.to = lambda *a, **k: model  # an instance attribute: shadows nn.Module.to for this object only
+    try:
+        yield
+    finally:
+        del model.to
 
 
 @contextmanager

@@ -70,6 +70,11 @@ def check_common(config) -> None:
         e = getattr(config, field, None)
         if e is not None and not (math.isfinite(_num(e)) and _num(e) >= 0):
             bad(field, e, "a finite number >= 0", "it is the PPO clipping range, e.g. 0.2")
+    if getattr(config, "use_transformers_continuous_batching", False):  # TRL's generate_batch path drops them
+        from .generation import check_continuous_batching
+
+        check_continuous_batching(repetition_penalty=_num(rp), generation_kwargs=config.generation_kwargs,
+                                  flag=f"{name}.use_transformers_continuous_batching")
 
 
 # ---------------------------------------------------------------------------------------- model paths ---

@@ -210,3 +210,26 @@ def test_eepo_falls_back_once_with_a_warning_under_continuous_batching(tmp_path)
     with pytest.raises(ValueError, match="capture_stage2_logps=True with use_transformers_continuous_batching"):
         EEPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, capture_stage2_logps=True,
                    use_transformers_continuous_batching=True)
+
+
+def test_bf16_continuous_batching_rollout_keeps_the_float32_weights(tmp_path):
+    """TRL 1.16's continuous-batching rollout casts the policy to bf16 in place (and never back), rounding the
+    float32 weights the optimizer updates at every rollout; the trainers keep them (generation still runs in bf16
+    through autocast) and the rollout's samples are valid."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer = small_trainer("erpo", tmp_path, dataset=load_default_dataset(n_train=4, n_test=1)["train"],
+                                bf16=True, **TRAIN_ARGS, **ENGINES["continuous_batching"])
+        trainer.model.train()
+        out = trainer._generate_and_score_completions([dict(trainer.train_dataset[i]) for i in (0, 0, 1, 1)])
+    assert {p.dtype for p in trainer.model.parameters()} == {torch.float32}
+    assert "to" not in vars(trainer.accelerator.unwrap_model(trainer.model))  # the no-op is gone after the rollout
+    assert out["completion_ids"].shape[0] == 4
+
+
+@pytest.mark.parametrize("option", [dict(repetition_penalty=1.1), dict(generation_kwargs={"num_beams": 2})])
+def test_trainer_configs_refuse_what_continuous_batching_drops(tmp_path, option):
+    from trl_variants import ERPOConfig
+
+    with pytest.raises(ValueError, match="ERPOConfig.use_transformers_continuous_batching"):
+        ERPOConfig(output_dir=str(tmp_path), use_cpu=True, use_transformers_continuous_batching=True, **option)

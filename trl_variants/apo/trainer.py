@@ -204,7 +204,7 @@ class APOTrainer(CheckpointStateMixin, ModelCardMixin, FiniteTrainingMixin, Offl
                                  reward_weights=self.reward_weights.tolist(), accelerator=self.accelerator,
                                  tokenize_fn=lambda prompts: (trainer_prompt_ids(self, prompts) if lazy_ids is None
                                                               else lazy_ids),
-                                 generator=None if trained else trainer_generator(self),
+                                 generator=None if trained and self.use_vllm else trainer_generator(self),
                                  trainer_state=self.state, shards=shards)
         finally:
             model.train(was_training)

@@ -198,6 +198,20 @@ def _captures_stage2(trainer) -> bool:
             and _relative_positions(model.config.get_text_config()) and not _dropout_active(model))
 
 
+def _separate_forward_reason(trainer) -> str | None:
+    """Why the default (``capture_stage2_logps=None``) scores stage 2 in a separate forward, when the reason is a
+    setting a user may not expect to cost a forward (said once by :meth:`TwoStageRollout.setup`); None otherwise."""
+    args = trainer.args
+    if trainer.use_transformers_continuous_batching:
+        return ("under use_transformers_continuous_batching: transformers' continuous batching engine runs the model "
+                "on packed batches of its own scheduling, not on the rows the read follows")
+    if args.bf16 or args.fp16:
+        return (f"with {'bf16' if args.bf16 else 'fp16'} compute: the decoding steps' logits round differently from "
+                "a forward over the whole sequence, so the default keeps the forward's values (set "
+                "capture_stage2_logps=True to read them anyway, within that rounding)")
+    return None
+
+
 class TwoStageRollout(Part):
     """The rollout of eq. 4-11. The trainer holds the gate's state ``_entropy_history`` (checkpointed) and, between
     the rollout and its scoring, ``_pending_old_logps`` / ``_pending_stage2``. Metrics: ``eepo/entropy_stage1``,
@@ -221,14 +235,12 @@ class TwoStageRollout(Part):
         trainer._pending_old_logps = None  # per row, set by an unlearning rollout
         trainer._pending_stage2 = None  # that rollout's stage-2 rows
         self.capture = _captures_stage2(trainer)
-        if args.capture_stage2_logps is None and args.entropy_gate != "never" and \
-                trainer.use_transformers_continuous_batching:
-            warnings.warn("EEPO: stage 2's old log-probs (and, with entropy_gate='auto', stage 1's entropy) are not "
-                          "read while generating under use_transformers_continuous_batching: transformers' "
-                          "continuous batching engine runs the model on packed batches of its own scheduling, not "
-                          "on the rows the read follows. They are scored in a separate no-grad forward instead "
-                          "(same values, one more forward per rollout). Set capture_stage2_logps=False to choose "
-                          "that explicitly and silence this warning", stacklevel=2)
+        reason = _separate_forward_reason(trainer) if args.capture_stage2_logps is None else None
+        if reason and args.entropy_gate != "never":
+            warnings.warn(f"EEPO: stage 2's old log-probs (and, with entropy_gate='auto', stage 1's entropy) are not "
+                          f"read while generating {reason}. They are scored in a separate no-grad forward instead "
+                          "(one more forward per rollout). Set capture_stage2_logps=False to choose that explicitly "
+                          "and silence this warning", stacklevel=2)
         self.trainer = trainer
 
     # ------------------------------------------------------------------------------------ checkpoint state ---
