@@ -93,8 +93,9 @@ def build_trainer(variant: str, model_path: str, out_dir: str, args):
         save_strategy="no", logging_steps=10, disable_tqdm=True, per_device_train_batch_size=args.batch,
         num_generations=args.G, max_completion_length=args.max_completion_length, learning_rate=1e-5,
         max_steps=args.warmup + args.steps, seed=0, temperature=1.0,
-        # every completion runs to max_completion_length: all variants do exactly the same amount of work
-        generation_kwargs={"min_new_tokens": args.max_completion_length},
+        # every completion runs to max_completion_length: all variants do exactly the same amount of work (continuous
+        # batching has no min_new_tokens: there the end-of-sequence token is taken away instead, see child())
+        generation_kwargs=None if args.continuous_batching else {"min_new_tokens": args.max_completion_length},
         use_transformers_continuous_batching=args.continuous_batching, cache_implementation=args.cache_implementation,
     )
     dataset = load_default_dataset(n_train=args.prompts or 2000, n_test=1, seed=0)["train"]
@@ -301,6 +302,8 @@ def child(args) -> None:
         if args.gpu:
             torch.cuda.reset_peak_memory_stats()
         trainer = build_trainer(args.child, args.model_path, out, args)
+        if args.continuous_batching:  # no token ends a completion: each runs to max_completion_length, as above
+            trainer.generation_config.eos_token_id = [trainer.model.config.get_text_config().vocab_size]
         trainer.add_callback(Timer())
         inner = trainer.training_step
         step_times: list[float] = []
