@@ -20,10 +20,16 @@ method). A*-PO samples one completion per prompt (its paper's setting), so it se
 number of generated sequences. Every final model and the base are then evaluated on the held-out test split
 (greedy, avg@k / pass@k at several temperatures, token entropy, KL to the base, keep rate, ERPO's Query-KL).
 
-A number is reported as mean +- the 95% confidence half-width over seeds (Student t). A claim *holds* when every
-part holds: "A above B" needs the two intervals apart in the claimed direction; "A equal or better than B" only needs
-A's interval not entirely below B's. A part *does not hold* when the intervals are apart in the wrong direction (for
-"equal or better": A's interval entirely below B's). Anything else is *inconclusive* (the intervals overlap).
+A number is reported as mean +- the 95% confidence half-width over seeds (Student t). The verdict rules are fixed in
+``results/claims_protocol.md``, written before the runs they judge. A claim *holds* when every part holds and *does not
+hold* when one part does not; anything else is *inconclusive*. An "above" / "below" / "lower" / "less" part holds when
+the two 95% intervals are apart in the claimed direction and does not hold when they are apart the other way. An
+"equal or better" / "at or above" part is non-inferiority with a margin fixed in advance (``MARGIN``, 0.03 absolute:
+accuracy, pass@k, keep rate), read on the 95% t-interval of the difference A - B paired by seed (every method trains a
+seed on the same prompts in the same order: ``train`` draws them and seeds the trainer with that seed): lower bound
+above -0.03 holds, upper bound below -0.03 does not hold; two methods run on different seeds are not paired:
+inconclusive. ``--from_json results/<study>/replication.json`` recomputes a page's verdicts from its stored per-seed
+numbers alone (no training).
 
 Each finished (method, seed) is saved in ``<work_dir>/<method>-seed<n>/run.json`` (the base's evaluation in
 ``<work_dir>/base.json``) and reused when the script
@@ -44,6 +50,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import statistics
 import sys
 import time
@@ -62,6 +69,11 @@ LABELS = {"base": "base", **{name: REGISTRY[name].label for name in METHODS}, CO
 
 
 # ------------------------------------------------------------------------------------------------ statistics ---
+MARGIN = 0.03  # non-inferiority margin, absolute, of every "equal or better" part (accuracy, pass@k, keep rate)
+PROTOCOL = "results/claims_protocol.md"  # the rules, written down before the runs they judge
+SEED = "seed"  # each per-seed row's seed (rows read from older replication.json files get theirs from --seeds)
+
+
 def t_quantile_975(df: int) -> float:
     """Two-sided 95% Student t quantile (exact table for small df, normal beyond)."""
     table = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
@@ -78,24 +90,92 @@ def mean_ci(values: list[float]) -> tuple[float, float]:
     return statistics.mean(vals), t_quantile_975(len(vals) - 1) * statistics.stdev(vals) / math.sqrt(len(vals))
 
 
-def compare(a: tuple[float, float], b: tuple[float, float], relation: str) -> str:
-    """'holds' / 'does not hold' / 'inconclusive' for ``a <relation> b`` with relation one of ``>``, ``<``, ``>=``,
-    ``<=`` (see the module docstring); each argument is ``(mean, half-width)``. Without an interval (one seed, or a
-    number a run did not produce) there is no verdict: inconclusive."""
+def by_seed(values) -> dict[int, float] | float:
+    """Per-seed values as ``{seed: value}``: a mapping as given, a list as seeds 0, 1, 2, ... in order. A plain number
+    is a fixed reference point (the base: one model, evaluated once), returned as is."""
+    if isinstance(values, int | float):
+        return float(values)
+    return dict(values) if hasattr(values, "items") else dict(enumerate(values))
+
+
+def interval(values) -> tuple[float, float]:
+    """``(mean, 95% half-width)`` of per-seed values; a fixed reference point has half-width 0."""
+    values = by_seed(values)
+    return (values, 0.0) if isinstance(values, float) else mean_ci(list(values.values()))
+
+
+def paired_difference(a, b) -> tuple[float, float]:
+    """Mean and 95% t half-width of ``a - b`` paired by seed; NaN (no interval) when the two seed lists differ (the
+    methods did not share each seed's data: not paired) or fewer than two seeds have both numbers. Against a fixed
+    reference point (a number), each seed's difference to it."""
+    a, b = by_seed(a), by_seed(b)
+    if isinstance(a, float) and isinstance(b, float):
+        return a - b, math.nan
+    if not isinstance(a, float) and not isinstance(b, float) and set(a) != set(b):
+        return math.nan, math.nan
+    seeds = a if not isinstance(a, float) else b
+    diffs = [(a if isinstance(a, float) else a[s]) - (b if isinstance(b, float) else b[s]) for s in seeds]
+    diffs = [d for d in diffs if not math.isnan(d)]
+    return mean_ci(diffs) if len(diffs) >= 2 else (math.nan, math.nan)
+
+
+def compare(a, b, relation: str, margin: float | None = None) -> str:
+    """'holds' / 'does not hold' / 'inconclusive' for ``a <relation> b`` (the rules of results/claims_protocol.md);
+    ``a`` and ``b`` are per-seed values (see :func:`by_seed`).
+
+    ``>`` / ``<`` ("above", "below", "lower", "less"): the two 95% intervals apart in the claimed direction holds,
+    apart the other way does not hold, anything else is inconclusive.
+
+    ``>=`` / ``<=`` ("equal or better", "at or above"; ``<=`` for a lower-is-better statistic): non-inferiority by
+    ``margin`` (required), on the 95% t-interval of ``a - b`` paired by seed: for ``>=`` its lower bound above
+    ``-margin`` holds, its upper bound below ``-margin`` does not hold (mirrored for ``<=``: upper bound below
+    ``+margin`` holds, lower bound above ``+margin`` does not hold); anything else is inconclusive, and so is any pair
+    whose seeds differ (not paired; no unpaired rule is used). Without an interval (one seed, or a number a run did
+    not produce) there is no verdict: inconclusive."""
+    if relation in (">", "<"):
+        return apart_verdict(interval(a), interval(b), relation)
+    if relation not in (">=", "<="):
+        raise ValueError(relation)
+    if margin is None or not margin >= 0:
+        raise ValueError(f"{relation!r} is a non-inferiority comparison: give its margin (>= 0), got {margin}")
+    return non_inferior_verdict(paired_difference(a, b), relation, margin)
+
+
+def apart_verdict(a: tuple[float, float], b: tuple[float, float], relation: str) -> str:
+    """The intervals-apart rule on two ``(mean, half-width)`` intervals, for ``>`` or ``<``."""
     (ma, ha), (mb, hb) = a, b
-    if any(math.isnan(x) for x in (ma, mb, ha, hb)):  # a missing number, or one seed: no interval, no verdict
+    if any(math.isnan(x) for x in (ma, mb, ha, hb)):
         return "inconclusive"
-    lo_a, hi_a, lo_b, hi_b = ma - ha, ma + ha, mb - hb, mb + hb
-    above, below = lo_a > hi_b, hi_a < lo_b
-    if relation == ">":
-        return "holds" if above else "does not hold" if below else "inconclusive"
+    above, below = ma - ha > mb + hb, ma + ha < mb - hb
     if relation == "<":
-        return "holds" if below else "does not hold" if above else "inconclusive"
+        above, below = below, above
+    return "holds" if above else "does not hold" if below else "inconclusive"
+
+
+def non_inferior_verdict(diff: tuple[float, float], relation: str, margin: float) -> str:
+    """The non-inferiority rule on the paired difference's ``(mean, half-width)``, for ``>=`` or ``<=``."""
+    m, h = diff
+    if math.isnan(m) or math.isnan(h):
+        return "inconclusive"
+    lo, hi = m - h, m + h
     if relation == ">=":
-        return "does not hold" if below else "holds"
-    if relation == "<=":
-        return "does not hold" if above else "holds"
-    raise ValueError(relation)
+        return "holds" if lo > -margin else "does not hold" if hi < -margin else "inconclusive"
+    return "holds" if hi < margin else "does not hold" if lo > margin else "inconclusive"
+
+
+def shown_digits(verdict: str, relation: str, a: tuple[float, float], b: tuple[float, float],
+                 diff: tuple[float, float] | None = None) -> int:
+    """Decimals to print a part's numbers with: 3, or more where the rounded numbers would read as another verdict
+    (two intervals apart by less than 0.0005), so that a page never prints numbers its verdict contradicts."""
+    def shown(x, d):
+        return tuple(float(f"{v:.{d}f}") if not math.isnan(v) else v for v in x)
+
+    for d in range(3, 7):
+        again = (non_inferior_verdict(shown(diff, d), relation, MARGIN) if diff is not None
+                 else apart_verdict(shown(a, d), shown(b, d), relation))
+        if again == verdict:
+            return d
+    return 6
 
 
 def combine(verdicts: list[str]) -> str:
@@ -294,68 +374,91 @@ def per_seed_numbers(run: dict, ev: dict, k: int, t: str) -> dict[str, float]:
     }
 
 
-def claims(stats: dict[str, dict[str, tuple[float, float]]], k: int) -> list[dict]:
-    """One line per paper: the claim, the numbers and the verdict (see the module docstring)."""
+def summarize(per_seed: dict[str, list[dict]]) -> dict[str, dict[str, tuple[float, float]]]:
+    """Mean +- 95% half-width of every number over seeds; the base is one model evaluated once (fixed evaluation
+    seed): a fixed reference point, not a seed sample (half-width 0)."""
+    stats = {m: {key: mean_ci([row[key] for row in rows]) for key in rows[0] if key != SEED}
+             for m, rows in per_seed.items()}
+    if "base" in stats:
+        stats["base"] = {key: (m, 0.0) for key, (m, _) in stats["base"].items()}
+    return stats
+
+
+def seed_values(per_seed: dict[str, list[dict]], method: str, key: str) -> dict[int, float] | float:
+    """One number of one method, ``{seed: value}`` (rows without a seed count as seeds 0, 1, ... in order); the base's
+    as a fixed reference point (a number)."""
+    rows = per_seed[method]
+    if method == "base":
+        return float(rows[0].get(key, math.nan))
+    return {row.get(SEED, i): row.get(key, math.nan) for i, row in enumerate(rows)}
+
+
+RULE_APART = "95% intervals apart"
+RULE_NON_INFERIOR = f"non-inferiority: paired 95% t-interval of the difference vs margin {MARGIN}"
+
+
+def claims(per_seed: dict[str, list[dict]], k: int) -> list[dict]:
+    """One line per paper: the claim, the numbers and the verdict, by the rules of results/claims_protocol.md (see
+    :func:`compare`), from the per-seed numbers (``{method: [one row per seed]}``, the base's one row)."""
+    stats = summarize(per_seed)
     g, out = stats.get("grpo"), []
 
-    def line(paper, claim, parts, numbers, labels=None):
-        labels = labels or {name: (LABELS[PAPER_KEY[paper]], LABELS["grpo"]) for name in numbers}
-        out.append({"paper": paper, "claim": claim, "verdict": combine([v for _, v in parts]),
-                    "parts": {name: v for name, v in parts}, "numbers": numbers, "labels": labels})
+    def line(paper, claim, parts, labels=None):
+        """``parts``: (part name, number name, (method, key), (method, key), relation), in the figure's order."""
+        labels = labels or {number: (LABELS[PAPER_KEY[paper]], LABELS["grpo"]) for _, number, *_ in parts}
+        verdicts, numbers, differences, rules, digits, relations = {}, {}, {}, {}, {}, {}
+        for name, number, (ma, ka), (mb, kb), relation in parts:
+            a, b = seed_values(per_seed, ma, ka), seed_values(per_seed, mb, kb)
+            non_inferior = relation in (">=", "<=")
+            verdicts[name] = compare(a, b, relation, MARGIN if non_inferior else None)
+            numbers[number] = (interval(a), interval(b))
+            rules[name], relations[name] = RULE_NON_INFERIOR if non_inferior else RULE_APART, relation
+            if non_inferior:
+                differences[number] = paired_difference(a, b)
+            digits[number] = shown_digits(verdicts[name], relation, *numbers[number], differences.get(number))
+        out.append({"paper": paper, "claim": claim, "verdict": combine(list(verdicts.values())), "parts": verdicts,
+                    "numbers": numbers, "labels": labels, "differences": differences, "rules": rules,
+                    "relations": relations, "digits": digits})
 
     if g and "erpo" in stats:
-        s = stats["erpo"]
         line("ERPO", "lower Query-KL than GRPO at equal or better accuracy",
-             [("Query-KL lower", compare(s["query_kl"], g["query_kl"], "<")),
-              ("greedy accuracy equal or better", compare(s["greedy"], g["greedy"], ">="))],
-             {"Query-KL": (s["query_kl"], g["query_kl"]), "greedy": (s["greedy"], g["greedy"])})
+             [("Query-KL lower", "Query-KL", ("erpo", "query_kl"), ("grpo", "query_kl"), "<"),
+              ("greedy accuracy equal or better", "greedy", ("erpo", "greedy"), ("grpo", "greedy"), ">=")])
     if g and "eepo" in stats:
-        s = stats["eepo"]
-        nan = (math.nan, math.nan)
+        s, nan = stats["eepo"], (math.nan, math.nan)
         if not math.isnan(s.get("heldout_entropy", nan)[0]) and not math.isnan(g.get("heldout_entropy", nan)[0]):
             # both start from the same base: more held-out entropy across training = slower decay
-            decay_name, decay_part = "held-out entropy across training (T = 1)", compare(
-                s["heldout_entropy"], g["heldout_entropy"], ">")
-            decay = (s["heldout_entropy"], g["heldout_entropy"])
+            decay = ("entropy decays slower", "held-out entropy across training (T = 1)",
+                     ("eepo", "heldout_entropy"), ("grpo", "heldout_entropy"), ">")
         else:  # training rollouts only (the main replication)
-            decay_name, decay_part = "entropy decay (first - last logs)", compare(
-                s["train_entropy_decay"], g["train_entropy_decay"], "<")
-            decay = (s["train_entropy_decay"], g["train_entropy_decay"])
+            decay = ("entropy decays slower", "entropy decay (first - last logs)", ("eepo", "train_entropy_decay"),
+                     ("grpo", "train_entropy_decay"), "<")
         line("EEPO", "stage-2 entropy above stage-1, slower entropy decay than GRPO, equal or better accuracy",
-             [("stage-2 entropy above stage-1", compare(s["eepo_stage2_entropy"], s["eepo_stage1_entropy"], ">")),
-              ("entropy decays slower", decay_part),
-              ("greedy accuracy equal or better", compare(s["greedy"], g["greedy"], ">="))],
-             {"stage-2 vs stage-1 entropy": (s["eepo_stage2_entropy"], s["eepo_stage1_entropy"]),
-              decay_name: decay, "greedy": (s["greedy"], g["greedy"])},
+             [("stage-2 entropy above stage-1", "stage-2 vs stage-1 entropy", ("eepo", "eepo_stage2_entropy"),
+               ("eepo", "eepo_stage1_entropy"), ">"),
+              decay,
+              ("greedy accuracy equal or better", "greedy", ("eepo", "greedy"), ("grpo", "greedy"), ">=")],
              {"stage-2 vs stage-1 entropy": ("EEPO stage 2", "EEPO stage 1"),
-              decay_name: ("EEPO", LABELS["grpo"]), "greedy": ("EEPO", LABELS["grpo"])})
+              decay[1]: ("EEPO", LABELS["grpo"]), "greedy": ("EEPO", LABELS["grpo"])})
     if g and "dph" in stats:
-        s, b = stats["dph"], stats["base"]
         line("DPH-RL", f"pass@{k} at or above GRPO and keep rate at or above GRPO (where GRPO's pass@{k} shrinks)",
-             [(f"pass@{k} at or above GRPO", compare(s[f"pass@{k}"], g[f"pass@{k}"], ">=")),
-              ("keep rate at or above GRPO", compare(s["keep_rate"], g["keep_rate"], ">=")),
-              (f"GRPO's pass@{k} below the base's", compare(g[f"pass@{k}"], b[f"pass@{k}"], "<"))],
-             {f"pass@{k}": (s[f"pass@{k}"], g[f"pass@{k}"]), "keep rate": (s["keep_rate"], g["keep_rate"]),
-              f"GRPO vs base pass@{k}": (g[f"pass@{k}"], b[f"pass@{k}"])},
+             [(f"pass@{k} at or above GRPO", f"pass@{k}", ("dph", f"pass@{k}"), ("grpo", f"pass@{k}"), ">="),
+              ("keep rate at or above GRPO", "keep rate", ("dph", "keep_rate"), ("grpo", "keep_rate"), ">="),
+              (f"GRPO's pass@{k} below the base's", f"GRPO vs base pass@{k}", ("grpo", f"pass@{k}"),
+               ("base", f"pass@{k}"), "<")],
              {f"pass@{k}": ("DPH-RL", LABELS["grpo"]), "keep rate": ("DPH-RL", LABELS["grpo"]),
               f"GRPO vs base pass@{k}": (LABELS["grpo"], "base")})
     if g and "apo" in stats:
-        s = stats["apo"]
         line("A*-PO", "equal or better accuracy in less wall time, lower KL to the base",
-             [("greedy accuracy equal or better", compare(s["greedy"], g["greedy"], ">=")),
-              ("less wall time (offline pass included)", compare(s["wall_s"], g["wall_s"], "<")),
-              ("lower KL to the base", compare(s["kl_to_base"], g["kl_to_base"], "<"))],
-             {"greedy": (s["greedy"], g["greedy"]), "wall time s": (s["wall_s"], g["wall_s"]),
-              "KL to base": (s["kl_to_base"], g["kl_to_base"])})
+             [("greedy accuracy equal or better", "greedy", ("apo", "greedy"), ("grpo", "greedy"), ">="),
+              ("less wall time (offline pass included)", "wall time s", ("apo", "wall_s"), ("grpo", "wall_s"), "<"),
+              ("lower KL to the base", "KL to base", ("apo", "kl_to_base"), ("grpo", "kl_to_base"), "<")])
     if g and COMPOSED in stats:  # the parts together keep each part's own claim
-        s = stats[COMPOSED]
         line("ERPO + DPH-RL", f"both parts' claims at once: lower Query-KL than GRPO (ERPO), pass@{k} at or above "
              "GRPO's (DPH-RL), equal or better accuracy",
-             [("Query-KL lower", compare(s["query_kl"], g["query_kl"], "<")),
-              (f"pass@{k} at or above GRPO", compare(s[f"pass@{k}"], g[f"pass@{k}"], ">=")),
-              ("greedy accuracy equal or better", compare(s["greedy"], g["greedy"], ">="))],
-             {"Query-KL": (s["query_kl"], g["query_kl"]), f"pass@{k}": (s[f"pass@{k}"], g[f"pass@{k}"]),
-              "greedy": (s["greedy"], g["greedy"])},
+             [("Query-KL lower", "Query-KL", (COMPOSED, "query_kl"), ("grpo", "query_kl"), "<"),
+              (f"pass@{k} at or above GRPO", f"pass@{k}", (COMPOSED, f"pass@{k}"), ("grpo", f"pass@{k}"), ">="),
+              ("greedy accuracy equal or better", "greedy", (COMPOSED, "greedy"), ("grpo", "greedy"), ">=")],
              {name: (LABELS[COMPOSED], LABELS["grpo"]) for name in ("Query-KL", f"pass@{k}", "greedy")})
     return out
 
@@ -450,7 +553,9 @@ def plot_claims(claim_lines: list[dict], path: Path) -> None:
                 ax.errorbar([x], [means[x]], yerr=[halves[x]], fmt="o", color=color, capsize=6, markersize=7)
             ax.set_xlim(-0.6, 1.6)
             ax.set_xticks([0, 1], c["labels"][name], fontsize=8)
-            ax.set_title(f"{c['paper']}: {name}\n({verdict})", fontsize=8)
+            diff = c.get("differences", {}).get(name)  # a non-inferiority part: the paired interval it reads
+            note = "" if diff is None else f"\npaired A - B {fmt(diff)} (margin -{MARGIN})"
+            ax.set_title(f"{c['paper']}: {name}\n({verdict}){note}", fontsize=8)
             ax.grid(alpha=0.3, axis="y")
         row[0].set_ylabel(c["verdict"], fontsize=9, fontweight="bold")
     fig.suptitle("Each paper's claim vs TRL's GRPOTrainer (mean, 95% CI over seeds)", fontsize=10)
@@ -483,8 +588,9 @@ def regime_rows(args) -> list[str]:
 
 
 def paired_lines(per_seed: dict, k: int = 16) -> list[str]:
-    """A*-PO (and DPH-RL) against GRPO seed by seed (same seed, same prompts, run one after the other): for
-    information beside the verdicts, which use the unpaired rule fixed beforehand (module docstring)."""
+    """A*-PO (and DPH-RL) against GRPO seed by seed (same seed, same prompts, run one after the other), beside the
+    verdicts: DPH-RL's paired pass@k difference is the one its "at or above" part reads; A*-PO's paired wall-time
+    ratio and KL difference are information only (those parts read the two intervals apart)."""
     lines = []
     if "dph" in per_seed and "grpo" in per_seed and len(per_seed["dph"]) == len(per_seed["grpo"]) >= 2:
         d, g, base = per_seed["dph"], per_seed["grpo"], per_seed["base"][0][f"pass@{k}"]
@@ -495,8 +601,8 @@ def paired_lines(per_seed: dict, k: int = 16) -> list[str]:
         lines += ["## DPH-RL vs GRPO, seed by seed (for information)", "",
                   f"GRPO's {key} is below the base's ({base:.3f}) in {below} of {len(g)} seeds "
                   f"({', '.join(f'{y[key]:.3f}' for y in g)}). DPH-RL's {key} is at or above GRPO's in {kept} of "
-                  f"{len(d)} seeds; DPH-RL minus GRPO {fmt(diff)} (paired; the verdict above uses the unpaired rule "
-                  "fixed beforehand, not this).", ""]
+                  f"{len(d)} seeds; DPH-RL minus GRPO {fmt(diff)} (paired by seed: the interval the \"at or above\" "
+                  f"verdict reads, against the margin -{MARGIN}; {PROTOCOL}).", ""]
     if "apo" not in per_seed or "grpo" not in per_seed or len(per_seed["apo"]) != len(per_seed["grpo"]) \
             or len(per_seed["grpo"]) < 2:
         return lines
@@ -506,8 +612,9 @@ def paired_lines(per_seed: dict, k: int = 16) -> list[str]:
     lower = sum(x["kl_to_base"] < y["kl_to_base"] for x, y in zip(a, g, strict=True))
     faster = sum(x["wall_s"] < y["wall_s"] for x, y in zip(a, g, strict=True))
     return [*lines, "## A*-PO vs GRPO, paired by seed (for information)", "",
-            "Each seed trains both methods on the same prompts, one after the other. Paired, seed by seed (the verdict "
-            "above uses the unpaired rule fixed beforehand, not this): A*-PO's wall time / GRPO's "
+            "Each seed trains both methods on the same prompts, one after the other. Paired, seed by seed (for "
+            "information: the wall-time and KL parts above are \"less\" / \"lower\" parts, read on the two "
+            f"intervals apart, {PROTOCOL}): A*-PO's wall time / GRPO's "
             f"{fmt(ratio)} (faster in {faster} of {len(a)} seeds); KL to the base, A*-PO minus GRPO {fmt(kl)} (lower "
             f"in {lower} of {len(a)} seeds).", ""]
 
@@ -547,22 +654,57 @@ def passk_lines(evals: dict, k: int) -> list[str]:
     return [*lines, ""]
 
 
+def protocol_link(out: Path) -> str:
+    """results/claims_protocol.md as a link from a page written into ``out``."""
+    target = ROOT / PROTOCOL
+    try:
+        return f"[{PROTOCOL}]({os.path.relpath(target, out.resolve())})" if out.resolve().is_relative_to(ROOT) \
+            else f"`{PROTOCOL}`"
+    except ValueError:  # another drive
+        return f"`{PROTOCOL}`"
+
+
+def rule_line(out: Path) -> str:
+    """The verdict rules, as results/claims_protocol.md states them."""
+    return (f"Mean ± 95% CI (Student t over seeds). Verdicts by the rules fixed in {protocol_link(out)}: an \"above\" / "
+            "\"below\" / \"lower\" / \"less\" part holds when the two 95% intervals are apart in the claimed "
+            "direction and does not hold when they are apart the other way; an \"equal or better\" / \"at or above\" "
+            "part is non-inferiority, paired by seed (the same seed trains every method on the same prompts in the "
+            f"same order): the 95% t-interval of the difference (method - comparison) entirely above -{MARGIN} holds, "
+            f"entirely below -{MARGIN} does not hold; anything else is inconclusive (overlapping intervals included). "
+            "A claim holds when every part holds and does not hold when one part does not.")
+
+
+def claim_numbers(c: dict) -> str:
+    """The numbers column of one claim line: each part's two numbers, and a non-inferiority part's paired difference."""
+    cells = []
+    for name, (a, b) in c["numbers"].items():
+        diff, d = c.get("differences", {}).get(name), c.get("digits", {}).get(name, 3)
+        cells.append(f"{name}: {fmt(a, d)} vs {fmt(b, d)}"
+                     + ("" if diff is None else f", paired difference {fmt(diff, d)}"))
+    return "; ".join(cells)
+
+
 def write_page(out: Path, args, stats: dict, claim_lines: list[dict], wall_s: float, k: int,
-               n_prompts: int | None = None, per_seed: dict | None = None, evals: dict | None = None) -> str:
+               n_prompts: int | None = None, per_seed: dict | None = None, evals: dict | None = None,
+               command: str | None = None, rebuilt_by: str | None = None) -> str:
+    """The results page; ``command`` is the one that trained (default: this process's), ``rebuilt_by`` the
+    ``--from_json`` command that recomputed the verdicts from replication.json alone (None: made by training)."""
+    command = command or " ".join(["python", "benchmarks/replicate.py", *sys.argv[1:]])
     cols = ["greedy", f"avg@{k}", f"pass@{k}", "entropy", "kl_to_base", "keep_rate", "query_kl", "wall_s"]
     if args.entropy_every:  # the mean of the held-out entropy measured during training
         cols.insert(4, "heldout_entropy")
     lines = [
         "# Replication: each paper's claim at toy scale, against TRL's GRPOTrainer",
         "",
-        f"Made by `{' '.join(['python', 'benchmarks/replicate.py', *sys.argv[1:]])}` "
+        f"Made by `{command}` "
         f"({len(args.seeds)} seed{'s' if len(args.seeds) > 1 else ''}: {args.seeds}; total wall time "
         f"{wall_s / 60:.0f} min on this machine).",
         f"Base model `{Path(args.base_model).name}`; {args.steps} steps, learning rate {args.lr}, 32 completions per "
         f"step (G = {args.G}; A*-PO: 1 per prompt), completion length {args.max_len}, T = 1.0; "
         f"{args.train_prompts} training prompts, {args.eval_prompts} held-out prompts, k = {k}.",
-        "Mean ± 95% CI (Student t over seeds). Verdicts: see `benchmarks/replicate.py` (intervals apart = holds or "
-        "does not hold; overlapping = inconclusive).",
+        rule_line(out) + (f" Verdicts and claims.png recomputed from this folder's replication.json alone (no "
+                          f"retraining) by `{rebuilt_by}`." if rebuilt_by else ""),
         split_line(args, n_prompts or args.eval_prompts)
         + (f" Held-out token entropy at T = 1 measured every {args.entropy_every} steps on "
            f"{min(args.entropy_prompts, n_prompts or args.eval_prompts)} of these prompts (4 samples each; its time left "
@@ -581,7 +723,7 @@ def write_page(out: Path, args, stats: dict, claim_lines: list[dict], wall_s: fl
     else:
         lines.append(f"None: a claim compares a method with GRPO, and this run trained only {args.methods}.")
     for c in claim_lines:
-        nums = "; ".join(f"{name}: {fmt(a)} vs {fmt(b)}" for name, (a, b) in c["numbers"].items())
+        nums = claim_numbers(c)
         parts = ", ".join(f"{p}: {v}" for p, v in c["parts"].items())
         lines.append(f"| {c['paper']} | {c['claim']} | **{c['verdict']}** ({parts}) | {nums} |")
     lines += ["", *paired_lines(per_seed or {}, k), *passk_lines(evals or {}, k),
@@ -595,6 +737,51 @@ def write_page(out: Path, args, stats: dict, claim_lines: list[dict], wall_s: fl
     text = "\n".join(lines)
     (out / "README.md").write_text(text)
     return text
+
+
+# the options a replication.json from before they existed was made without (their defaults then and now)
+OPTION_DEFAULTS = {"split": "test", "split_file": str(ROOT / "results" / "heldout_split" / "split.json"),
+                   "train_levels": None, "eval_levels": None, "entropy_every": 0, "entropy_prompts": 100,
+                   "apo_batch": 32, "apo_shard_size": 64, "lazy_value_pass": False}
+
+
+def with_seeds(per_seed: dict[str, list[dict]], seeds: list[int]) -> dict[str, list[dict]]:
+    """Each method's rows with their seed: main() trains every method on ``--seeds`` in that order, one row each."""
+    out = {}
+    for method, rows in per_seed.items():
+        if method != "base" and len(rows) != len(seeds):
+            raise SystemExit(f"{method} has {len(rows)} per-seed rows for the seeds {seeds}: cannot pair them")
+        out[method] = rows if method == "base" else [{SEED: s} | row for s, row in zip(seeds, rows, strict=True)]
+    return out
+
+
+def display_path(path: Path) -> str:
+    path = Path(path).resolve()
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
+def rebuild(path: Path) -> dict:
+    """Rewrite a results folder's README.md and claims.png (and the verdicts stored in its replication.json) from
+    its replication.json alone, by today's rules: no model is trained, loaded or evaluated."""
+    path = Path(path)
+    data = json.loads(path.read_text())
+    if "per_seed" not in data or "command" not in data:
+        raise SystemExit(f"{path}: no per-seed numbers (written by an older replicate.py): nothing to rebuild")
+    args = argparse.Namespace(**(OPTION_DEFAULTS | data["settings"]))
+    per_seed = with_seeds(data["per_seed"], args.seeds)
+    stats, claim_lines = summarize(per_seed), claims(per_seed, args.k)
+    out = path.parent
+    if claim_lines:
+        plot_claims(claim_lines, out / "claims.png")
+    trained_by = data["command"].split(maxsplit=1)  # sys.argv joined: the script's path, then its arguments
+    command = " ".join(["python", "benchmarks/replicate.py", *trained_by[1:]])
+    n_prompts = data["evaluations"]["base"][0].get("num_prompts")
+    page = write_page(out, args, stats, claim_lines, data["wall_s"], args.k, n_prompts, per_seed,
+                      data["evaluations"], command=command,
+                      rebuilt_by=f"python benchmarks/replicate.py --from_json {display_path(path)}")
+    data["claims"] = claim_lines
+    path.write_text(json.dumps(data, indent=1, default=str))
+    return {"stats": stats, "claims": claim_lines, "per_seed": per_seed, "page": page}
 
 
 def main(argv: list[str] | None = None):
@@ -637,7 +824,15 @@ def main(argv: list[str] | None = None):
                          "exactly the prompts a run reaches")
     ap.add_argument("--lazy_value_pass", action="store_true",
                     help="A*-PO samples stage 1 only for the prompts the run reaches (APOConfig.lazy_value_pass)")
+    ap.add_argument("--from_json", nargs="+", default=None, metavar="REPLICATION_JSON",
+                    help="train nothing: rewrite each given results folder's README.md and claims.png (and the "
+                         f"verdicts in its replication.json) from its replication.json alone, by the rules of {PROTOCOL}")
     args = ap.parse_args(argv)
+    if args.from_json:
+        results = [rebuild(Path(p)) for p in args.from_json]
+        for p, r in zip(args.from_json, results, strict=True):
+            print(f"{p}: " + ("; ".join(f"{c['paper']} {c['verdict']}" for c in r["claims"]) or "no claim"))
+        return results
     for name in ("train_levels", "eval_levels"):
         if getattr(args, name) and not set(getattr(args, name)) <= set(LEVELS):
             ap.error(f"--{name} must be among the training levels {list(LEVELS)} (the held-out split draws from "
@@ -700,12 +895,10 @@ def main(argv: list[str] | None = None):
     base["query_kl"] = 0.0
     k, t = args.k, "1.0"
     per_seed = {"base": [per_seed_numbers({}, base, k, t)]}
-    per_seed |= {m: [per_seed_numbers(r, e, k, t) for r, e in zip(runs[m], evals[m], strict=True)]
-                 for m in args.methods}
-    stats = {m: {key: mean_ci([row[key] for row in rows]) for key in rows[0]} for m, rows in per_seed.items()}
-    # the base is one model evaluated once (fixed evaluation seed): a fixed reference point, not a seed sample
-    stats["base"] = {key: (m, 0.0) for key, (m, _) in stats["base"].items()}
-    claim_lines = claims(stats, k)
+    per_seed |= {m: [per_seed_numbers(r, e, k, t) | {SEED: seed}
+                     for r, e, seed in zip(runs[m], evals[m], args.seeds, strict=True)] for m in args.methods}
+    stats = summarize(per_seed)
+    claim_lines = claims(per_seed, k)
     if claim_lines:  # GRPO and at least one method
         plot_claims(claim_lines, out / "claims.png")
     plot_training_curves(runs, out / "training_curves.png")
