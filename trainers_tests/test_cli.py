@@ -1,5 +1,5 @@
-"""``trl-variants --help``, ``presample --help`` and ``evaluate --help`` document every flag; ``evaluate`` stops
-before loading a model when matplotlib is missing."""
+"""``trl-variants --help``, ``presample --help`` and ``evaluate --help`` document every flag; without matplotlib
+``evaluate`` and the held-out curves write their numbers and skip the plots with a note."""
 
 from __future__ import annotations
 
@@ -65,18 +65,31 @@ def test_every_flag_has_help(capsys, command):
     assert not undocumented, f"{command}: flags without help text: {undocumented}"
 
 
-def test_evaluate_checks_matplotlib_before_loading_a_model(monkeypatch, tmp_path):
-    import transformers
+RESULT = {"name": "m", "num_prompts": 2, "config": {"k": 2, "max_completion_length": 8},
+          "temperatures": {"1.0": {"avg@2": 0.5, "pass@k": {"1": 0.5, "2": 0.75}, "mean_length": 3.0}}}
+
+
+def test_without_matplotlib_the_report_and_heldout_curves_keep_the_numbers_and_say_so(monkeypatch, tmp_path,
+                                                                                       capsys):
+    from types import SimpleNamespace
 
     import trl_variants.evaluate as ev
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
-    fail = lambda *a, **k: pytest.fail("a model or dataset was loaded before the matplotlib check")  # noqa: E731
-    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", fail)
-    monkeypatch.setattr(ev, "evaluate", fail)
-    monkeypatch.setattr(cli, "load_eval_dataset", fail)
-    with pytest.raises(ImportError, match=r"pip install matplotlib .*trl-variants\[plots\]"):
-        cli.main(["evaluate", "--output_dir", str(tmp_path)])
+    paths = ev.write_report([RESULT], tmp_path / "eval")
+    assert set(paths) == {"json", "markdown"} and not list((tmp_path / "eval").glob("*.png"))
+    assert "| m | 1.0 |" in (tmp_path / "eval" / "results.md").read_text()
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out == [ev.PLOTS_SKIPPED.format(where=f"{paths['json']} and {paths['markdown']}")]
+
+    args = SimpleNamespace(temperature=1.0, top_p=1.0, max_completion_length=8, seed=0, disable_tqdm=True,
+                           output_dir=str(tmp_path / "run"))
+    callback = ev.HeldOutCallback(SimpleNamespace(args=args), ["q"] * 4, k=2, eval_steps=1)  # no ImportError here
+    callback.history = [{"step": 0, "greedy": 0.25, "avg@2": 0.25}, {"step": 2, "greedy": 0.5, "avg@2": 0.5}]
+    state = SimpleNamespace(global_step=2, is_world_process_zero=True, log_history=[{"reward": 0.5, "step": 1}])
+    callback.on_train_end(args, state, None)
+    assert (tmp_path / "run" / "heldout.json").exists() and not (tmp_path / "run" / "heldout_curves.png").exists()
+    assert "plots skipped: matplotlib is not installed (pip install 'trl-variants[plots]')" in capsys.readouterr().out
 
 
 def test_presample_scores_with_a_reward_model_as_grpo_trainer_does(tmp_path):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shutil
 import sys
@@ -19,16 +20,33 @@ import time
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
-from trl import TrlParser
-
+# Only light modules at the top (no torch, TRL's trainers or peft): `trl-variants --help`, `train --list` and
+# `recipes` answer without them; each command imports what it needs.
 from ._validation import check_model_reference
-from .presample import METADATA_KEY, PresampleConfig
 from .scripts import (
     DataScriptArguments,
+    Parser,
     load_datasets,
     load_reward_funcs,
     uses_embedded,
 )
+
+USER_ERRORS = (ValueError, FileNotFoundError, TypeError)
+"""What ``trl-variants`` prints as one line, ``trl-variants: error: <message>`` (exit code 2), when raised before
+training starts: the parser's refusals (a mistyped flag, a value of the wrong type) and the checks of the options,
+the data, the checkpoint and the results files, each message naming the option and the fix. ``train``: until
+``trainer.train()`` is called (:func:`training_started`; the trainer, its model and offline pass are built and the
+checkpoint to resume checked by then); from then on an error is a crash and keeps its traceback. ``presample`` / ``evaluate`` / ``cache`` / ``recipes``:
+the whole command. ``--traceback`` (anywhere on the command line) or ``TRL_VARIANTS_TRACEBACK=1`` shows the
+traceback of every error; ``main(argv)`` called from Python raises them."""
+TRACEBACK_ENV = "TRL_VARIANTS_TRACEBACK"
+_training_started = False
+
+
+def training_started() -> None:
+    """The training loop of ``trl-variants train`` starts: later errors are crashes, shown with their traceback."""
+    global _training_started
+    _training_started = True
 
 
 @dataclass
@@ -61,9 +79,9 @@ def presample_main(argv: list[str]) -> None:
     from accelerate import PartialState
 
     from .default import DEFAULT_MODEL_PATH
-    from .presample import presample
+    from .presample import PresampleConfig, presample
 
-    parser = TrlParser((PresampleScriptArguments, PresampleConfig), prog="trl-variants presample",
+    parser = Parser((PresampleScriptArguments, PresampleConfig), prog="trl-variants presample",
                        description=COMMAND_HELP["presample"], epilog=CONFIG_HELP)
     script_args, config = parser.parse_args_and_config(args=argv)
     if script_args.push_to_hub and not script_args.hub_dataset_id:
@@ -320,7 +338,7 @@ def parse_evaluate_args(argv: list[str]):
     from .evaluate import EvalConfig
     from .scripts import recipe_name, resolve_recipe
 
-    parser = TrlParser((EvaluateScriptArguments, EvalConfig), prog="trl-variants evaluate",
+    parser = Parser((EvaluateScriptArguments, EvalConfig), prog="trl-variants evaluate",
                        description=COMMAND_HELP["evaluate"], epilog=EVALUATE_CONFIG_HELP)
     argv = list(argv)
     for i, arg in enumerate(argv):
@@ -423,10 +441,9 @@ def evaluate_main(argv: list[str]) -> None:
     from tqdm.auto import tqdm
 
     from .default import DEFAULT_MODEL_PATH
-    from .evaluate import check_backend, evaluate, write_report
+    from .evaluate import ResultsFile, check_backend, evaluate, write_report
 
-    script_args, config = parse_evaluate_args(argv)
-    require_matplotlib()  # the report's plots need it: fail now, not after all the sampling
+    script_args, config = parse_evaluate_args(argv)  # (without matplotlib the plots are skipped with a note)
     check_backend(config.backend)  # --backend vllm without vllm or a GPU: before any data or model loads
     correctness = check_correctness_flags(script_args)  # before any data or model loads
     raw_models, script_args.models = script_args.models, [model_path(m) for m in script_args.models]
@@ -447,6 +464,9 @@ def evaluate_main(argv: list[str]) -> None:
     if repeated:  # a name is a model's row in the table and its chunks file in output_dir/chunks
         raise ValueError(f"two evaluations would be named {repeated} (a model's name is its directory name, or "
                          "'base' for --base_model): give each model its own name with --model_names")
+    if not script_args.restart:  # a damaged finished-chunks file: refused now, before any model loads
+        for name in all_names:
+            ResultsFile.check(chunks_file(script_args.output_dir, name))
     state = PartialState(cpu=script_args.use_cpu)
     device = check_device_flags(script_args, state.num_processes)
     if script_args.correctness_func not in (None, "reward_model") and (
@@ -496,15 +516,6 @@ def chunks_file(output_dir, name: str):
     from pathlib import Path
 
     return Path(output_dir) / "chunks" / (re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._") + ".jsonl")
-
-
-def require_matplotlib() -> None:
-    """Raise an ImportError naming the install command when matplotlib (needed for the report's plots) is missing."""
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError as e:
-        raise ImportError("trl-variants evaluate writes plots and needs matplotlib: pip install matplotlib (or pip "
-                          "install 'trl-variants[plots]'). Nothing was loaded or sampled.") from e
 
 
 def prompt_length_tokenizer(script_args, model: str):
@@ -572,6 +583,8 @@ def _entry_info(entry) -> dict:
     model = ""
     try:
         description = json.loads((entry / "dataset" / "dataset_info.json").read_text())["description"]
+        from .presample import METADATA_KEY
+
         model = json.loads(description)[METADATA_KEY]["model"]["name"]
     except (OSError, ValueError, KeyError, TypeError):
         pass
@@ -765,7 +778,7 @@ COMMAND_HELP = {
     "presample": "Run the offline reference pass (stage 1 of A*-PO and DPH-RL, ERPO's reference prompt "
                  "log-likelihoods) over a dataset and save (or push) the result with its dataset card.",
     "evaluate": "Sample and score models on a test split: greedy accuracy, avg@k / pass@k per temperature, entropy "
-                "and KL; writes results.json, results.md and plots (needs matplotlib).",
+                "and KL; writes results.json, results.md and, with matplotlib ('trl-variants[plots]'), plots.",
     "cache": "List (`cache list`) or remove (`cache clear [--yes] [KEY ...]`) the offline pass's cached results "
              "($TRL_VARIANTS_CACHE, default ~/.cache/trl_variants/presample, or --cache_dir).",
 }
@@ -787,12 +800,23 @@ def usage() -> str:
     lines += ["", "Run `trl-variants COMMAND --help` for every option of a command. train, presample and evaluate "
               "take their options from a YAML file (--config FILE.yaml) and/or flags (flags override the file).",
               "Several processes: accelerate launch -m trl_variants train erpo ...   (or: accelerate launch $(which "
-              "trl-variants) train erpo ...)"]
+              "trl-variants) train erpo ...)",
+              f"An error before training starts prints one line with its fix; --traceback (or {TRACEBACK_ENV}=1) "
+              "shows the traceback."]
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> None:
+    """The ``trl-variants`` command. Run as the command (``argv`` None: ``sys.argv``), a user error before training
+    starts (:data:`USER_ERRORS`) prints one line and exits with code 2; ``main(argv)`` called from Python raises it,
+    as ``--traceback`` does."""
+    global _training_started
+    command_line = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
+    show_traceback = os.environ.get(TRACEBACK_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+    if "--traceback" in argv:
+        argv = [a for a in argv if a != "--traceback"]
+        show_traceback = True
     if argv and argv[0] in ("-h", "--help"):
         print(usage())
         raise SystemExit(0)
@@ -802,7 +826,14 @@ def main(argv: list[str] | None = None) -> None:
                    f"unknown command {argv[0]!r}")
         print(f"{usage()}\n\ntrl-variants: error: {problem}; choose one of: {', '.join(COMMANDS)}", file=sys.stderr)
         raise SystemExit(2)
-    COMMANDS[argv[0]](argv[1:])
+    _training_started = False
+    try:
+        COMMANDS[argv[0]](argv[1:])
+    except USER_ERRORS as e:  # see USER_ERRORS for the boundary
+        if show_traceback or _training_started or not command_line:
+            raise
+        print(f"trl-variants: error: {str(e).strip() or type(e).__name__}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

@@ -483,10 +483,18 @@ class ResultsFile:
             raise ValueError(f"{self.path} holds the results of another evaluation ({differences}). Rerun with the "
                              "same model and options to resume it, choose another output directory, or restart "
                              "(--restart true / restart=True) to discard it and start over")
-        for line in complete[1:]:
-            record = json.loads(line)
+        for record in chunk_records(self.path, complete):
             self.done.setdefault((record["pass"], record["chunk"]), record)
         self._valid_bytes = sum(len(line) + 1 for line in complete)
+
+    @staticmethod
+    def check(path) -> None:
+        """Refuse, naming the file, the line and the fix, a results file whose finished chunks cannot be read back (a
+        damaged line before the last one): ``trl-variants evaluate`` runs it before any model loads. A missing or
+        empty file, or a cut last line (an interrupted write, computed again), passes."""
+        path = Path(path)
+        if path.is_file() and path.stat().st_size:
+            chunk_records(path, path.read_bytes().split(b"\n")[:-1])
 
     def start(self) -> None:
         """Write the header of a new file, or cut a partly written last line off an old one (writer only)."""
@@ -510,6 +518,25 @@ class ResultsFile:
                 f.write(json.dumps(r) + "\n")
             f.flush()
             os.fsync(f.fileno())
+
+
+def chunk_records(path, complete: list[bytes]) -> list[dict]:
+    """The chunk records of a results file's complete lines (the header first, skipped), each checked: a line that is
+    not a JSON chunk record is refused naming the file, its line number and the fix."""
+    records = []
+    for number, line in enumerate(complete[1:], start=2):
+        try:
+            record = json.loads(line)
+            if not isinstance(record, dict) or "pass" not in record or "chunk" not in record:
+                raise ValueError("not a chunk record")
+        except ValueError as e:  # json.JSONDecodeError is a ValueError
+            shown = line[:60].decode("utf-8", "replace")
+            raise ValueError(f"{path}, line {number}, is damaged ({e}; it starts {shown!r}): the finished chunks "
+                             "after it cannot be trusted. Rerun with --restart true (restart=True) to evaluate this "
+                             "model again from the start, or remove that file (or only its lines from line "
+                             f"{number} on, to keep the chunks before it)") from None
+        records.append(record)
+    return records
 
 
 # ----------------------------------------------------------------------------------------------- evaluate ---
@@ -751,13 +778,27 @@ def evaluate(
 
 
 # ------------------------------------------------------------------------------------------------- reports ---
+PLOTS_SKIPPED = ("plots skipped: matplotlib is not installed (pip install 'trl-variants[plots]'); the numbers are "
+                 "in {where}")
+"""The note printed instead of the plots when matplotlib is missing (the numbers are written all the same)."""
+
+
+def have_matplotlib() -> bool:
+    """Whether matplotlib imports (the plots need it; the JSON and Markdown results do not)."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def _plt():
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-    except ImportError as e:  # pragma: no cover - depends on the environment
+    except ImportError as e:
         raise ImportError("plots need matplotlib: pip install 'trl-variants[plots]'") from e
     return plt
 
@@ -840,13 +881,18 @@ def markdown_table(all_results: Sequence[dict]) -> str:
 
 
 def write_report(all_results: Sequence[dict], output_dir) -> dict[str, str]:
-    """Write ``results.json``, ``results.md``, ``accuracy_vs_temperature.png`` and ``pass_at_k.png``."""
+    """Write ``results.json``, ``results.md``, ``accuracy_vs_temperature.png`` and ``pass_at_k.png``; without
+    matplotlib the plots are skipped with a one-line note (:data:`PLOTS_SKIPPED`) and only the numbers are written.
+    Returns the paths written."""
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {"json": out / "results.json", "markdown": out / "results.md",
              "temperature_plot": out / "accuracy_vs_temperature.png", "pass_at_k_plot": out / "pass_at_k.png"}
     paths["json"].write_text(json.dumps(list(all_results), indent=1))
     paths["markdown"].write_text(markdown_table(all_results))
+    if not have_matplotlib():
+        print(PLOTS_SKIPPED.format(where=f"{paths['json']} and {paths['markdown']}"), flush=True)
+        return {k: str(paths[k]) for k in ("json", "markdown")}
     plot_temperature_sweep(all_results, paths["temperature_plot"])
     plot_pass_at_k(all_results, paths["pass_at_k_plot"])
     return {k: str(v) for k, v in paths.items()}
@@ -920,7 +966,7 @@ class HeldOutCallback(TrainerCallback):
     greedy accuracy and avg@k at the trainer's sampling temperature, logged through the trainer as
     ``heldout/greedy`` and ``heldout/avg@k``. When training ends it prints base vs trained and writes
     ``<output_dir>/heldout.json`` and ``<output_dir>/heldout_curves.png`` (training reward and held-out accuracy
-    against the step). Every process must take part (the sampling is sharded). Each measurement shows a progress
+    against the step; without matplotlib the plot is skipped with a one-line note, ``plot=False`` skips it). Every process must take part (the sampling is sharded). Each measurement shows a progress
     bar with an ETA on the main process, unless the trainer's ``disable_tqdm``. ``backend="vllm"`` samples with
     the trainer's own vLLM engine (``use_vllm=True``; its current weights are pushed into it first), scored as with
     ``"hf"``.
@@ -940,8 +986,7 @@ class HeldOutCallback(TrainerCallback):
         self.config = callback_config(trainer, EvalConfig(
             k=k, temperatures=[args.temperature], top_p=args.top_p, compute_entropy=False,
             max_completion_length=max_completion_length or args.max_completion_length, seed=args.seed), backend)
-        if plot:
-            _plt()  # before training: a missing matplotlib fails now, not after the run
+        self.matplotlib = have_matplotlib() if plot else False  # without it: the numbers, and a note for the plot
         self.history: list[dict] = []
 
     def _measure(self, step: int) -> None:
@@ -976,9 +1021,11 @@ class HeldOutCallback(TrainerCallback):
         for key, label in (("greedy", "greedy"), (f"avg@{k}", f"avg@{k} (T={self.temperature:g})")):
             lines.append(f"  {label:<16} {base[key]:.3f} -> {last[key]:.3f} ({100 * (last[key] - base[key]):+.1f} "
                          "points)")
-        if self.plot:
+        if self.plot and self.matplotlib:
             plot_heldout_curves(record, out / "heldout_curves.png")
             lines.append(f"  curves: {out / 'heldout_curves.png'}")
+        elif self.plot:
+            lines.append("  " + PLOTS_SKIPPED.format(where=out / "heldout.json"))
         print("\n".join(lines), flush=True)
 
 

@@ -6,6 +6,7 @@ Arguments are parsed the TRL way: ``TrlParser`` over (script arguments, the trai
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import os
 import re
@@ -15,9 +16,7 @@ from pathlib import Path
 
 from trl import DatasetMixtureConfig, ModelConfig, ScriptArguments, TrlParser
 
-from ._checkpoint import last_complete_checkpoint, resume_target
 from ._validation import check_model_reference, check_no_none, ensure_pad_token
-from .default import DEFAULT_MODEL_PATH, load_default_dataset
 from .registry import REGISTRY, method_classes
 from .rewards import REWARD_FUNCS
 
@@ -147,6 +146,114 @@ class TrainScriptArguments(DataScriptArguments):
     )
 
 
+class Parser(TrlParser):
+    """TRL's ``TrlParser`` as every ``trl-variants`` command parses (``train``, ``presample``, ``evaluate``): a YAML
+    list option given one value without brackets (``parts: erpo_query_kl``, ``temperatures: 1.0``) is that one item,
+    not its characters; a mistyped flag or a value of the wrong type raises a ``ValueError`` naming the flag (and
+    the closest known flags), which ``trl-variants`` prints as one line, checked before any dataclass is built."""
+
+    def set_defaults_with_config(self, **kwargs) -> list[str]:
+        lists = {a.dest for a in self._actions if a.nargs in ("+", "*")}
+        kwargs = {k: [v] if k in lists and v is not None and not isinstance(v, list | tuple) else v
+                  for k, v in kwargs.items()}
+        return super().set_defaults_with_config(**kwargs)
+
+    def error(self, message: str):
+        """argparse's error (a wrong value type, a missing value): raised, not printed with the whole usage."""
+        raise ValueError(f"{message} (`{self.prog} --help` lists every option with its type)")
+
+    def unknown_flags_message(self, unknown: list[str]) -> str:
+        import difflib
+
+        known = list(dict.fromkeys("--" + o[2:].replace("-", "_") for a in self._actions for o in a.option_strings
+                                   if o.startswith("--")))
+        flags = [u for u in unknown if u.startswith("-")] or unknown
+        hints = []
+        for flag in flags:
+            name = "--" + flag.split("=", 1)[0].lstrip("-").replace("-", "_")
+            close = difflib.get_close_matches(name, known, n=2, cutoff=0.75)
+            if close:
+                hints.append(f"{flag}: did you mean {' or '.join(close)}?")
+        return (f"unknown option{'s' if len(flags) > 1 else ''} {' '.join(flags)}"
+                + (f" ({'; '.join(hints)})" if hints else "")
+                + f": `{self.prog} --help` lists the options")
+
+    def parse_args_into_dataclasses(self, args=None, return_remaining_strings=False, **kwargs):
+        if not return_remaining_strings and args is not None:
+            _, unknown = self.parse_known_args(args=list(args))
+            if unknown:
+                raise ValueError(self.unknown_flags_message(unknown))
+        return super().parse_args_into_dataclasses(args=args, return_remaining_strings=return_remaining_strings,
+                                                   **kwargs)
+
+
+def _own_fields(config_cls) -> list[str]:
+    """The fields a method's config adds to GRPOConfig (its own options), in their order."""
+    import dataclasses
+
+    from trl import GRPOConfig
+
+    grpo = {f.name for f in dataclasses.fields(GRPOConfig)}
+    return [f.name for f in dataclasses.fields(config_cls) if f.name not in grpo]
+
+
+def _first_paragraph(doc: str | None) -> str:
+    import inspect
+
+    text = inspect.cleandoc(doc or "").split("\n\n", 1)[0]
+    return " ".join(text.replace("[`", "").replace("`]", "").replace("``", "").split())
+
+
+def method_parser(config_cls, prog: str | None = None, recipe: str | Path | None = None) -> Parser:
+    """The parser of a training command. Its help starts with what the method is (the first paragraph of the config
+    class's docstring) and the method's own options (the fields its config adds to GRPOConfig), then the rest; the
+    options the YAML ``recipe`` sets show its value as "(recipe NAME: value)" instead of "(default: ...)"."""
+    own = _own_fields(config_cls)
+    recipe_keys, recipe_label = set(), None
+    if recipe is not None and os.path.isfile(recipe):
+        import yaml
+
+        try:
+            loaded = yaml.safe_load(Path(recipe).read_text())
+        except yaml.YAMLError:
+            loaded = None  # TrlParser reports it
+        recipe_keys = set(loaded) if isinstance(loaded, dict) else set()
+        path = Path(recipe)
+        recipe_label = recipe_name(path) if path.resolve().is_relative_to(RECIPES_DIR) else str(recipe)
+    import textwrap
+
+    paragraphs = [_first_paragraph(config_cls.__doc__)]
+    if recipe_label:
+        paragraphs.append(f"Defaults: an option the recipe {recipe_label} sets shows its value as \"(recipe "
+                          f"{recipe_label}: value)\"; \"(default: value)\" is the config class's own default. Flags "
+                          "override both.")
+    description = "\n\n".join(textwrap.fill(p, 100) for p in paragraphs)
+    parser = Parser((TrainScriptArguments, config_cls, ModelConfig), prog=prog, description=description,
+                    usage=f"{prog or 'train'} [--config RECIPE] [--option value ...]",
+                    formatter_class=_HelpFormatter)
+    for action in parser._actions:
+        if action.dest in recipe_keys and f"--{action.dest}" in action.option_strings:
+            action.help = f"{action.help or ''} (recipe {recipe_label}: %(default)s)".strip()
+    if own:
+        group = parser.add_argument_group(f"{config_cls.__name__} options (what it adds to GRPOConfig)")
+        for action in list(parser._optionals._group_actions):
+            if action.dest in own:
+                parser._optionals._group_actions.remove(action)
+                group._group_actions.append(action)
+        parser._action_groups.remove(group)
+        parser._action_groups.insert(0, group)
+        parser._optionals.title = "other options (data, rewards, GRPOConfig, ModelConfig)"
+    return parser
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """HfArgumentParser's formatter, its "(default: ...)" left off where the help gives the recipe's value; the
+    description keeps its paragraphs."""
+
+    def _get_help_string(self, action):
+        return action.help if "%(default)" in (action.help or "") else super()._get_help_string(action)
+
+
 def parse_args(config_cls, default_config: str | Path | None = None, argv: list[str] | None = None,
                prog: str | None = None):
     """``(script_args, training_args, model_args)`` from the command line; ``default_config`` is used as
@@ -158,7 +265,7 @@ def parse_args(config_cls, default_config: str | Path | None = None, argv: list[
     origin = heldout_origin(argv, default_config)
     if default_config is not None and "--config" not in argv:
         argv = ["--config", str(default_config), *argv]
-    parser = TrlParser((TrainScriptArguments, config_cls, ModelConfig), prog=prog)
+    parser = method_parser(config_cls, prog=prog, recipe=_config_argument(argv, None))
     script_args, training_args, model_args = parser.parse_args_and_config(args=argv)
     if origin.startswith("default config "):
         check_heldout_flags(script_args, origin)
@@ -240,6 +347,8 @@ def load_datasets(script_args: TrainScriptArguments, training_args=None, tokeniz
         name = "mixture of " + ", ".join(d.path for d in script_args.datasets)
         ds = get_dataset(script_args)  # TRL's loader: DatasetDict(train[, test with test_split_size])
     elif name == EMBEDDED:
+        from .default import load_default_dataset
+
         ds = load_default_dataset(
             script_args.embedded_train_size, script_args.embedded_test_size, seed=script_args.embedded_seed
         )
@@ -397,6 +506,8 @@ def filter_prompt_length(ds, tokenizer, max_length: int, chat_template_kwargs: d
 
 def model_name_or_path(model_args: ModelConfig) -> str:
     """The model to train: ``--model_name_or_path``, or the shipped tiny default."""
+    from .default import DEFAULT_MODEL_PATH
+
     return model_args.model_name_or_path or DEFAULT_MODEL_PATH
 
 
@@ -675,9 +786,12 @@ def prerequisite_problems(training_args) -> list[str]:
     """What the run needs and this machine lacks, each with its fix: an extra for ``use_vllm``, a DeepSpeed launch
     and each ``report_to`` tracker; the wandb login (unless ``WANDB_MODE`` is offline or disabled); for
     ``push_to_hub`` a real ``hub_model_id`` (not a placeholder like ``your-org/...``), a Hub token and the network;
-    for ``resume_from_checkpoint`` true / last a checkpoint in output_dir. Reads the environment only: nothing is
+    for ``resume_from_checkpoint`` true / last a checkpoint in output_dir; a ``presample_cache_dir`` that is a file
+    (DPH-RL, A*-PO, the composed trainer's offline pass). Reads the environment only: nothing is
     imported that the run would not import, nothing loads."""
     import importlib.util
+
+    from ._checkpoint import last_complete_checkpoint, resume_target
 
     problems = []
     if getattr(training_args, "use_vllm", False) and importlib.util.find_spec("vllm") is None:
@@ -714,6 +828,11 @@ def prerequisite_problems(training_args) -> list[str]:
         if constants.HF_HUB_OFFLINE:
             problems.append("push_to_hub: true, but HF_HUB_OFFLINE is set (no network to the Hub): unset it, or pass "
                             "--push_to_hub false")
+    cache = getattr(training_args, "presample_cache_dir", None)
+    if cache and os.path.exists(cache) and not os.path.isdir(cache):
+        problems.append(f"presample_cache_dir: {cache} is a file, not a directory (the offline pass caches its results "
+                        "in a directory there): pass --presample_cache_dir DIR (created when missing), or move the "
+                        "file away")
     if resume_target(training_args.resume_from_checkpoint) is True:
         try:
             last_complete_checkpoint(training_args.output_dir)
@@ -764,6 +883,8 @@ def run_training(trainer_cls, config_cls, default_config: str | Path | None = No
     """What every ``examples/train_<algorithm>.py`` does, top to bottom: keep a recipe's batch on this process count
     (:func:`recipe_batch`), parse (YAML + flags), check every flag and what the run needs (:func:`trainer_kwargs`,
     :func:`check_prerequisites`), load the data and rewards, build the trainer, train, save, push."""
+    from ._checkpoint import resume_target
+
     argv = list(sys.argv[1:] if argv is None else argv)
     config = _config_argument(argv, default_config)
     processes, flags = num_processes(), []
@@ -783,6 +904,7 @@ def run_training(trainer_cls, config_cls, default_config: str | Path | None = No
     training_args.resume_from_checkpoint = resume_target(training_args.resume_from_checkpoint)
     trainer = trainer_cls(**trainer_kwargs(script_args, training_args, model_args))
     if script_args.heldout_eval_steps:
+        from .default import load_default_dataset
         from .evaluate import HeldOutCallback
 
         heldout = load_default_dataset(0, script_args.embedded_test_size)["test"]
@@ -833,6 +955,9 @@ def check_heldout_flags(script_args: TrainScriptArguments, origin: str = "comman
 
 def train_and_save(trainer, training_args, script_args):
     """Train (resuming when asked), save the final model and card, push to the Hub when asked."""
+    from .cli import training_started
+
+    training_started()  # from here an error is a crash, with its traceback (the checkpoint was checked at construction)
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     trainer.save_model(training_args.output_dir)
     # the Hub link of the card: none for the embedded task or a mixture

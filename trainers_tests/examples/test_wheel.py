@@ -1,19 +1,23 @@
 """The package without a clone: a wheel built from this checkout, installed into a fresh venv,
-trains every method offline from a directory outside the repo with nothing but ``trl-variants train <method>``.
+trains every method offline from a directory outside the repo with nothing but ``trl-variants train <method>``, and
+the README's first command (``trl-variants train erpo``, shortened) runs to its held-out curves.
 
-The venv reuses this environment's dependencies without a network: a ``.pth`` file adds this environment's
-site-packages after the venv's own. That directory holds the editable install's finder, but the finder is installed
-by a ``.pth`` file of that directory, and the ``.pth`` files of a directory added by a ``.pth`` line are not read, so
-the venv imports the wheel's copy (checked: where ``trl_variants`` is found in the venv).
+The venv sees only the wheel's declared dependencies, without a network: their transitive closure (the
+``Requires-Dist`` of the wheel's metadata and of each dependency, environment markers evaluated, no extras) is
+read from this environment's ``importlib.metadata``, and a directory of symlinks to just those distributions'
+top-level packages and ``.dist-info`` is added by a ``.pth`` file. What is installed here but not declared
+(matplotlib, an extra) is invisible there, as after ``pip install trl-variants`` (checked), so a missing dependency
+fails here.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import subprocess
 import sys
-import sysconfig
 import zipfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -50,6 +54,39 @@ class Installed:
                               timeout=timeout)
 
 
+def _name(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def link_declared_dependencies(wheel: Path, target: Path) -> set[str]:
+    """Symlink into ``target`` the top-level packages, modules and ``.dist-info`` of every distribution of this
+    environment in the transitive closure of ``wheel``'s requirements (markers evaluated, no extras); returns the
+    distributions' names. A top-level name several distributions share (a namespace package) is linked once."""
+    from email.parser import Parser
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+
+    with zipfile.ZipFile(wheel) as zf:
+        meta = Parser().parsestr(zf.read(next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))).decode())
+    pending, seen = list(meta.get_all("Requires-Dist") or []), set()
+    target.mkdir(parents=True)
+    while pending:
+        req = Requirement(pending.pop())
+        if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+            continue
+        if _name(req.name) in seen:
+            continue
+        seen.add(_name(req.name))
+        dist = metadata.distribution(req.name)  # declared but not installed here: the test cannot build the env
+        pending += dist.requires or []
+        for top in {Path(f).parts[0] for f in dist.files or [] if Path(f).parts[0] not in ("..", "__pycache__")}:
+            source = Path(dist.locate_file(top))
+            if source.exists() and not (target / top).exists() and not top.endswith(".pth"):
+                (target / top).symlink_to(source)
+    return seen
+
+
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory) -> Installed:
     root = tmp_path_factory.mktemp("wheel")
@@ -74,8 +111,12 @@ def installed(tmp_path_factory) -> Installed:
     venv_site = subprocess.run([str(venv / "bin" / "python"), "-c",
                                 "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                capture_output=True, text=True, check=True).stdout.strip()
-    ours = {sysconfig.get_paths()[k] for k in ("purelib", "platlib")}
-    (Path(venv_site) / "_trl_variants_test_deps.pth").write_text("".join(f"{p}\n" for p in sorted(ours)))
+    # named site-packages like a real install's: dill (datasets' fingerprints) treats modules under such a path as
+    # installed ones, and fails to pickle pyarrow's types from anywhere else
+    deps = root / "declared" / "site-packages"
+    linked = link_declared_dependencies(wheel, deps)
+    assert {"trl", "torch", "transformers"} <= linked and "matplotlib" not in linked, sorted(linked)
+    (Path(venv_site) / "_trl_variants_test_deps.pth").write_text(f"{deps}\n")
     env = Installed(root, wheel, venv)
     where = env.run(env.python, "-c", "import importlib.util; print(importlib.util.find_spec('trl_variants').origin)")
     assert where.returncode == 0, where.stderr[-3000:]
@@ -86,19 +127,22 @@ def installed(tmp_path_factory) -> Installed:
 @pytest.fixture(scope="module")
 def runs(installed) -> dict[str, subprocess.CompletedProcess]:
     """Every command of the tests below, run two at a time (two cores; the start-up, imports, dominates each):
-    ``trl-variants train <method>`` on each embedded default (ERPO through ``accelerate launch -m trl_variants``,
-    EEPO through ``accelerate launch $(which trl-variants)``, as the docs show them), ``trl-variants train --list``
-    and ``python -m trl_variants --help``."""
+    ``trl-variants train <method>`` on each embedded default (ERPO as the README's first command, with its held-out
+    evaluation every step, DPH-RL through ``accelerate launch -m trl_variants``, EEPO through ``accelerate launch
+    $(which trl-variants)``, as the docs show them), ``trl-variants train --list``, ``python -m trl_variants --help``
+    and whether matplotlib imports."""
     launch = [installed.python, "-m", "accelerate.commands.launch", "--num_processes", "1", "--mixed_precision", "no"]
     cli = installed.bin / "trl-variants"
     commands = {
-        "erpo": [*launch, "-m", "trl_variants", "train", "erpo"],
+        "erpo": [cli, "train", "erpo"],  # the README's first command
         "eepo": [*launch, cli, "train", "eepo"],
-        "dph": [cli, "train", "dph"],
+        "dph": [*launch, "-m", "trl_variants", "train", "dph"],
         "apo": [cli, "train", "apo"],
     }
     commands = {m: [*c, *QUICK, *EXTRA.get(m, []), "--output_dir", installed.work / f"out-{m}"]
                 for m, c in commands.items()}
+    commands["erpo"] += ["--heldout_eval_steps", "1", "--embedded_test_size", "8"]  # (the later value wins)
+    commands["matplotlib"] = [installed.python, "-c", "import matplotlib"]
     commands["list"] = [cli, "train", "--list"]
     commands["help"] = [installed.python, "-m", "trl_variants", "--help"]
     with ThreadPoolExecutor(max_workers=2) as pool:
@@ -135,3 +179,12 @@ def test_installed_package_trains_offline_outside_the_repo(installed, runs, meth
     assert "trained on 1 process(es)" in proc.stdout
     out = installed.work / f"out-{method}"
     assert (out / "model.safetensors").stat().st_size > 1_000_000 and (out / "README.md").exists()
+
+
+def test_the_readme_first_command_reaches_its_heldout_curves_with_only_the_declared_dependencies(installed, runs):
+    assert runs["matplotlib"].returncode != 0, "matplotlib (not a declared dependency) is visible in the venv"
+    proc = runs["erpo"]
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = installed.work / "out-erpo"
+    assert json.loads((out / "heldout.json").read_text())["history"]  # the numbers are kept
+    assert "plots skipped: matplotlib is not installed (pip install 'trl-variants[plots]')" in proc.stdout
