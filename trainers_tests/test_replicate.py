@@ -234,7 +234,8 @@ def test_committed_pages_print_the_verdicts_of_their_own_numbers(folder):
     data = json.loads(path.read_text())
     per_seed = replicate.with_seeds(data["per_seed"], data["settings"]["seeds"])
     page = (path.parent / "README.md").read_text()
-    assert "[results/claims_protocol.md](../claims_protocol.md)" in page and "overlapping = inconclusive" not in page
+    protocol_link = f"[results/claims_protocol.md]({Path('..', 'claims_protocol.md')})"  # relative to the page
+    assert protocol_link in page and "overlapping = inconclusive" not in page
     number = r"(-?[\d.]+)(?: ± ([\d.]+))?"
     for c in replicate.claims(per_seed, data["settings"]["k"]):
         parts = ", ".join(f"{p}: {v}" for p, v in c["parts"].items())

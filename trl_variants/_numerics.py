@@ -152,9 +152,11 @@ def _bad_count(tensors, accelerator) -> int:
     return int(bad.item())
 
 
-_WHAT_TO_DO = ("Resume from the last checkpoint with a lower learning_rate (or max_grad_norm), look at the last "
-               "logged rewards and advantages, and in bf16/fp16 keep fp32 weights (low_precision_weights: upcast, "
-               "or DeepSpeed) and set cast_lm_head_to_fp32: true")
+_WHAT_TO_DO = ("Look at the last logged rewards, advantages and grad_norm; resume from the last checkpoint with a lower "
+               "max_grad_norm (and cast_lm_head_to_fp32: true), or start a new run from its weights "
+               "(--model_name_or_path <output_dir>/checkpoint-N) with a lower learning_rate (a resume keeps the "
+               "checkpoint's learning_rate); in bf16/fp16 keep fp32 weights (low_precision_weights: upcast, or "
+               "DeepSpeed)")
 
 
 class FiniteGuard(TrainerCallback):

@@ -24,10 +24,12 @@ from types import SimpleNamespace
 # `recipes` answer without them; each command imports what it needs.
 from ._validation import check_model_reference
 from .scripts import (
+    MODEL_SHORTHANDS,
     DataScriptArguments,
     Parser,
     load_datasets,
     load_reward_funcs,
+    model_path,
     uses_embedded,
 )
 
@@ -247,9 +249,6 @@ class EvaluateScriptArguments(DataScriptArguments):
 
 
 EVAL_DTYPES = ("auto", "bfloat16", "float16", "float32")
-MODEL_SHORTHANDS = ("tiny", "default")
-"""``--models`` / ``--base_model`` / ``--reference_model`` values naming the shipped tiny model (when no local path of
-that name exists)."""
 LENGTH_WARNING_SHARE = 0.1
 """``trl-variants evaluate`` warns when more than this share of a model's samples stopped at max_completion_length."""
 # keys of a training recipe that evaluate knows but that mean something else in training: never taken from it
@@ -258,18 +257,6 @@ _TRAINING_MEANING = ("output_dir", "seed", "generation_batch_size")
 # --datasets on the command line (a benchmark, evaluated whole) replaces all of them
 _DATASET_KEYS = ("dataset_name", "datasets", "dataset_config", "prompt_regex", "filter_column", "filter_values",
                  "filter_prompt_length")
-
-
-def model_path(value: str | None) -> str | None:
-    """A model option's value with the shorthands resolved: ``tiny`` / ``default`` name the shipped tiny model
-    (:data:`~trl_variants.default.DEFAULT_MODEL_PATH`) unless a local path of that name exists."""
-    from pathlib import Path
-
-    from .default import DEFAULT_MODEL_PATH
-
-    if value in MODEL_SHORTHANDS and not Path(value).exists():
-        return DEFAULT_MODEL_PATH
-    return value
 
 
 def _training_keys() -> set[str]:

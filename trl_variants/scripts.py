@@ -504,11 +504,29 @@ def filter_prompt_length(ds, tokenizer, max_length: int, chat_template_kwargs: d
     return ds.select(keep) if len(keep) < len(ds) else ds
 
 
-def model_name_or_path(model_args: ModelConfig) -> str:
-    """The model to train: ``--model_name_or_path``, or the shipped tiny default."""
+MODEL_SHORTHANDS = ("tiny", "default")
+"""``--model_name_or_path`` (train) and ``--models`` / ``--base_model`` / ``--reference_model`` (evaluate) values naming
+the shipped tiny model (when no local path of that name exists)."""
+
+
+def model_path(value: str | None) -> str | None:
+    """A model option's value with the shorthands resolved: ``tiny`` / ``default`` name the shipped tiny model
+    (:data:`~trl_variants.default.DEFAULT_MODEL_PATH`) unless a local path of that name exists."""
+    from pathlib import Path
+
     from .default import DEFAULT_MODEL_PATH
 
-    return model_args.model_name_or_path or DEFAULT_MODEL_PATH
+    if value in MODEL_SHORTHANDS and not Path(value).exists():
+        return DEFAULT_MODEL_PATH
+    return value
+
+
+def model_name_or_path(model_args: ModelConfig) -> str:
+    """The model to train: ``--model_name_or_path`` (``tiny`` / ``default``: the shipped tiny model, see
+    :func:`model_path`), or the shipped tiny default."""
+    from .default import DEFAULT_MODEL_PATH
+
+    return model_path(model_args.model_name_or_path) or DEFAULT_MODEL_PATH
 
 
 def model_init_kwargs(model_args: ModelConfig, training_args) -> dict:
