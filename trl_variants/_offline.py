@@ -4,12 +4,32 @@ trainer, and the pass's numbers, logged once the trackers run. The pass itself i
 
 from __future__ import annotations
 
+import random
 import time
 from contextlib import contextmanager
 
+import numpy as np
 import torch
 
 from ._model import full_parameters, params_sharded
+
+
+@contextmanager
+def preserved_random_state():
+    """Leave the random state as it was found: torch's CPU generator and this process's CUDA device's, python's
+    ``random``, numpy's global generator. Around an offline pass (which seeds torch per shard when it samples, and
+    draws nothing when it reads its cache or the dataset's stored columns), so the rollouts that follow draw the same
+    numbers whether the pass was computed, read or run lazily during training. (A process that has not used CUDA
+    yet has no CUDA state to keep, and no other device's context is created.)"""
+    python_state, numpy_state = random.getstate(), np.random.get_state()
+    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+    devices = [torch.cuda.current_device()] if cuda else []
+    try:
+        with torch.random.fork_rng(devices=devices):
+            yield
+    finally:
+        random.setstate(python_state)
+        np.random.set_state(numpy_state)
 
 
 def trainer_prompt_ids(trainer, rows) -> list[list[int]]:
@@ -165,7 +185,8 @@ class OfflinePassLogMixin:
     among them) straight to the trackers in ``report_to``, and ``trackio.log`` before ``trackio.init`` raises ("Call
     trackio.init() before trackio.log()"). So inside :meth:`offline_pass` nothing reports (``args.report_to`` is
     emptied, then restored); the pass's wall time and the numbers given to :meth:`defer_log` are added, under
-    ``offline_pass/``, to the trainer's first log (training or evaluation), which reaches every tracker."""
+    ``offline_pass/``, to the trainer's first log (training or evaluation), which reaches every tracker. The pass
+    leaves the random state as it found it (:func:`preserved_random_state`)."""
 
     _offline_logs: dict | None = None
 
@@ -174,7 +195,8 @@ class OfflinePassLogMixin:
         report_to, self.args.report_to = self.args.report_to, []
         start = time.perf_counter()
         try:
-            yield
+            with preserved_random_state():
+                yield
         finally:
             self.args.report_to = report_to
         self.defer_log({"seconds": time.perf_counter() - start})

@@ -24,13 +24,22 @@ rollout)``
 inputs, output)``             per-row tensors the loss reads
 ``wants_prompt_logps``        the part reads the prompt's log-likelihood off GRPO's own policy forward
 ``around_grpo_loss(trainer)`` a context around GRPO's own loss computation (e.g. a setting that must differ there)
-``loss(trainer, model,        after GRPO's loss: return the new total (GRPO's plus the part's terms, already
-inputs, forward, loss)``      scaled for gradient accumulation); ``forward`` holds what GRPO's policy forward
-                              computed (:class:`PolicyForward`)
+``loss(trainer, model,        after GRPO's loss: the part's NAMED loss terms, ``{name: tensor or LossTerm}``, each
+inputs, forward)``            as the part's formula writes it (coefficient included, this process's share of its
+                              mean over the global batch), not scaled for gradient accumulation and not added to
+                              anything: the trainer combines them (:meth:`PartsTrainer.combine_loss`); ``forward``
+                              holds what GRPO's policy forward computed (:class:`PolicyForward`)
+``after_loss(trainer,         after the combination: each batch's loss (``"rollout"``: GRPO's plus the terms on
+batch_losses)``               the rollout batch), for the part's own metrics
 ``state()`` /                 the part's checkpointed state (JSON; keys unique across parts)
 ``load_state(state)``
 ============================  ==============================================================================
-Metrics use ``trainer._metrics[mode]`` under the part's prefix (``erpo/...``).
+Metrics use ``trainer._metrics[mode]`` under the part's prefix (``erpo/...``); the trainer logs each loss term
+under ``loss/<name>``.
+
+The loss does not depend on the order of the parts: the terms are computed in the order of the parts' names and
+added in the order of the terms' names, whatever the order of the list (``loss_combination``, below, is the
+trainer's: ``"sum"`` or ``"count_weighted"``).
 """
 
 from __future__ import annotations
@@ -68,6 +77,22 @@ class PolicyForward:
     prompt_logps: torch.Tensor | None = None
 
 
+LOSS_COMBINATIONS = ("sum", "count_weighted")
+
+
+@dataclass
+class LossTerm:
+    """One named term of a part's loss: ``value`` as the part's formula writes it (its coefficient included; this
+    process's share of its mean over the global batch, so that the mean over processes, as DDP averages gradients,
+    is that mean), not scaled for gradient accumulation. ``batch``: the rows it is a mean over, ``"rollout"`` (the
+    rows GRPO trains, as GRPO's own loss) or another batch the part draws (DPH-RL's ``"dph_pef"``), with ``rows``
+    its number of rows on this process (read by ``loss_combination="count_weighted"``)."""
+
+    value: torch.Tensor
+    batch: str = "rollout"
+    rows: int | None = None
+
+
 class Part:
     """One method's additions to GRPO (the contract is in this module's docstring)."""
 
@@ -103,8 +128,11 @@ class Part:
     def around_grpo_loss(self, trainer):
         return nullcontext()
 
-    def loss(self, trainer, model, inputs, forward: PolicyForward, loss):
-        return loss
+    def loss(self, trainer, model, inputs, forward: PolicyForward) -> dict:
+        return {}
+
+    def after_loss(self, trainer, batch_losses: dict) -> None:
+        pass
 
     def state(self) -> dict:
         return {}
@@ -145,6 +173,8 @@ class PartsTrainer(CheckpointStateMixin, ModelCardMixin, FiniteTrainingMixin, Of
         check_model_paths(model, reward_funcs, name)  # a path that does not exist, a Hub id offline and not cached
         reward_funcs = checked_reward_funcs(reward_funcs)  # a bad reward value is refused naming the function
         self._policy_forward: PolicyForward | None = None
+        if getattr(args, "loss_combination", "sum") not in LOSS_COMBINATIONS:
+            raise ValueError(f"loss_combination must be one of {LOSS_COMBINATIONS}, got {args.loss_combination!r}")
         super().__init__(model, reward_funcs, args=args, train_dataset=train_dataset, eval_dataset=eval_dataset,
                          **kwargs)
         self._needs = {name: provide for part in self.parts for name, provide in part.needs.items()}
@@ -154,6 +184,12 @@ class PartsTrainer(CheckpointStateMixin, ModelCardMixin, FiniteTrainingMixin, Of
                 part.setup(self)
             self.train_dataset = self._provide(self.train_dataset, "train")  # then the needs, on what is trained
             self.prepare_eval_datasets()
+
+    @property
+    def loss_combination(self) -> str:
+        """How :meth:`combine_loss` combines the loss of each batch: ``args.loss_combination`` where the config has
+        the field (DPH-RL's and the composed trainer's), else ``"sum"``."""
+        return getattr(self.args, "loss_combination", "sum")
 
     def part(self, name: str) -> Part:
         return next(p for p in self.parts if p.name == name)
@@ -237,8 +273,54 @@ class PartsTrainer(CheckpointStateMixin, ModelCardMixin, FiniteTrainingMixin, Of
                 loss = super()._compute_loss(model, inputs)
         finally:
             self._policy_forward = None
+        terms: dict[str, LossTerm] = {}
+        for part in sorted(self.parts, key=lambda p: p.name):  # one order, whatever the order of the list
+            for name, term in part.loss(self, model, inputs, forward).items():
+                if name in terms:
+                    raise ValueError(f"two parts name a loss term {name!r}: term names must be unique")
+                terms[name] = term if isinstance(term, LossTerm) else LossTerm(term)
+        return self.combine_loss(loss, terms, inputs)
+
+    def combine_loss(self, grpo_loss, terms: dict, inputs):
+        """The loss of a micro-batch from GRPO's (already scaled for gradient accumulation, as GRPO scales it) and
+        the parts' named terms (:class:`LossTerm`), the same whatever the order of the parts: the terms are added in
+        the order of their names, per batch, and divided by the gradient accumulation steps in training.
+        ``args.loss_combination``: ``"sum"`` adds every batch's loss (DPH-RL's eq. 7); ``"count_weighted"`` weights
+        each batch's loss by its rows on this process, ``sum_b n_b L_b / sum_b n_b`` (DPH-RL's authors' code: the
+        rollout batch and the D_pef batch as one batch of rows). Each term is logged under ``loss/<name>``; then
+        every part's :meth:`Part.after_loss` sees each batch's loss (not scaled for accumulation)."""
+        if not terms:
+            return grpo_loss
+        mode = "train" if self.model.training else "eval"
+        scale = self.current_gradient_accumulation_steps if mode == "train" else 1.0
+        metrics, gather = self._metrics[mode], self.accelerator.gather
+        batches = {"rollout": grpo_loss}
+        rows = {"rollout": inputs["completion_ids"].size(0)}
+        for name in sorted(terms):
+            term = terms[name]
+            metrics[f"loss/{name}"].append(gather(term.value.detach().reshape(1)).mean().item())
+            scaled = term.value / scale
+            batches[term.batch] = batches[term.batch] + scaled if term.batch in batches else scaled
+            if term.batch != "rollout":
+                if term.rows is None or rows.get(term.batch, term.rows) != term.rows:
+                    raise ValueError(f"loss term {name!r} on batch {term.batch!r} must say its rows (the same for "
+                                     "every term on that batch)")
+                rows[term.batch] = term.rows
+        names = ["rollout", *sorted(b for b in batches if b != "rollout")]
+        if len(names) == 1:  # every term is on the rollout batch: both combinations are the sum
+            loss = batches["rollout"]
+        elif self.loss_combination == "sum":
+            loss = batches["rollout"]
+            for b in names[1:]:
+                loss = loss + batches[b]
+        else:
+            weighted = rows["rollout"] * batches["rollout"]
+            for b in names[1:]:
+                weighted = weighted + rows[b] * batches[b]
+            loss = weighted / sum(rows[b] for b in names)
+        unscaled = {b: batches[b].detach() * scale for b in names}
         for part in self.parts:
-            loss = part.loss(self, model, inputs, forward, loss)
+            part.after_loss(self, unscaled)
         return loss
 
     # ------------------------------------------------------------------------------- helpers for the parts ---
@@ -251,6 +333,13 @@ class PartsTrainer(CheckpointStateMixin, ModelCardMixin, FiniteTrainingMixin, Of
             model, ids.to(device), attn.to(device), ids.size(1) - P, batch_size=self.args.per_device_train_batch_size,
             compute_entropy=entropy)
         return logps, ent, attn[:, P:].to(device)
+
+    def _global_token_mean(self, values, mask):
+        """This process's share of the token mean of ``values`` over the global batch: ``sum_local / (N / P)`` with
+        ``N`` the unmasked tokens of all processes. Averaged over processes (as DDP averages gradients) it is the
+        token mean of the whole batch, whatever the number of processes and however the tokens are spread."""
+        n_tokens = self.accelerator.gather(mask.sum().detach().reshape(1)).sum().clamp(min=1.0)
+        return (values * mask).sum() * self.accelerator.num_processes / n_tokens
 
     def _global_mean(self, values, mask) -> float:
         """The mean of ``values`` over the unmasked entries of every process."""

@@ -15,11 +15,9 @@ of the weights you passed when the model is an in-memory object.
 from __future__ import annotations
 
 import math
-import random
 import time
 import warnings
 
-import numpy as np
 import torch
 from transformers import PreTrainedModel
 from trl import GRPOTrainer
@@ -320,16 +318,11 @@ class APOTrainer(CheckpointStateMixin, ModelCardMixin, FiniteTrainingMixin, Offl
         shards = lazy.plan(every)
         if shards:
             start = time.perf_counter()
-            py_state, np_state = random.getstate(), np.random.get_state()
-            devices = [self.accelerator.device] if self.accelerator.device.type == "cuda" else []
             report_to, self.args.report_to = self.args.report_to, []  # see OfflinePassLogMixin
-            try:  # the pass seeds torch per shard: training's own random numbers must not depend on when it ran
-                with torch.random.fork_rng(devices=devices):
-                    chunk = self._value_pass(lazy.dataset, shards=shards)
+            try:  # the pass leaves the random state as it found it (training's draws do not depend on when it ran)
+                chunk = self._value_pass(lazy.dataset, shards=shards)
             finally:
                 self.args.report_to = report_to
-                random.setstate(py_state)
-                np.random.set_state(np_state)
             lazy.add(shards, chunk, self.state.global_step, time.perf_counter() - start)
             self.defer_log(lazy.metrics(self.args.correctness_threshold))
             if not any(math.isfinite(v) for v in lazy.values.values()):  # as the full pass: broken rewards

@@ -23,7 +23,7 @@ class ComposedConfig(ERPOConfig, DPHConfig, EEPOConfig):
 
     Parameters:
         parts (`list[str]`, defaults to `["erpo_query_weights", "erpo_query_kl", "dph_rehearsal"]`):
-            the additions to run, in this order: ``erpo_query_weights`` (advantages times w(s), eq. 8),
+            the additions to run, in any order (training does not depend on it): ``erpo_query_weights`` (advantages times w(s), eq. 8),
             ``erpo_query_kl`` (``query_kl_coef`` times the Query-KL, eq. 10-11), ``dph_rehearsal`` (the D_pef
             f-divergence term after DPH-RL's offline split, eq. 5-7), ``eepo_two_stage_rollout`` (sample-then-forget
             rollouts, Algorithm 1), ``dapo_dynamic_sampling`` (DAPO's dynamic sampling, ``dynamic_sampling_*`` fields;

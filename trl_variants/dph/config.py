@@ -29,9 +29,11 @@ class DPHConfig(DynamicSamplingConfig):
         divergence_alpha (`float`, defaults to `0.2`): the alpha of the alpha-divergence.
         dph_coef (`float`, defaults to `0.2`): eta, weight of the D_pef term (paper: 0.2 for JS, 0.01 for
             forward-KL and alpha-divergence).
-        loss_combination (`str`, defaults to `"sum"`): ``"sum"``: ``L_exp + eta * L_pef`` (eq. 7), each a mean over
-            its own subset; ``"count_weighted"``: ``(n_exp L_exp + eta n_pef L_pef) / (n_exp + n_pef)`` with n the
-            rows of each subset in the micro-batch (what the authors' code effectively does).
+        loss_combination (`str`, defaults to `"sum"`): how the trainer combines the loss of each batch (the parts
+            return named terms; docs/parts.md). ``"sum"``: ``L_exp + eta * L_pef`` (eq. 7), each a mean over its own
+            subset; ``"count_weighted"``: ``(n_exp L_exp + eta n_pef L_pef) / (n_exp + n_pef)`` with n the rows of
+            each subset in the micro-batch (what the authors' code effectively does). ``L_exp`` is GRPO's loss plus
+            every term on the rollouts, whatever the order of the parts.
         num_presamples (`int`, defaults to `8`): k, reference samples per prompt in the offline pass.
         pef_threshold (`int`, defaults to `8`): a prompt with at least this many correct of k goes to D_pef.
         correctness_reward (`str`, *optional*): the name of the reward function that decides whether a reference

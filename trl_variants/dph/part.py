@@ -6,8 +6,9 @@ arXiv 2509.07430, Sec. 4, eq. 5-7, App. C, F, G; equations and defaults in docs/
    log-probs), the rest D_exp, which becomes the GRPO training set. A dataset made by ``trl-variants presample`` is
    used as is.
 2. Each step (``loss``): GRPO/PPO-clip on D_exp rollouts with no KL term (eq. 5), plus ``eta`` times the token mean of
-   the generator ``f(u)``, ``u = pi_theta / pi_ref`` on a batch of stored D_pef completions (eq. 6), one loss, one
-   backward (eq. 7). No reference model: pi_ref is only the stored log-probs.
+   the generator ``f(u)``, ``u = pi_theta / pi_ref`` on a batch of stored D_pef completions (eq. 6; the loss term
+   ``dph_pef``, on the batch ``dph_pef``), one loss, one backward (eq. 7; the trainer adds the terms,
+   ``loss_combination``). No reference model: pi_ref is only the stored log-probs.
 Option ``divergence_form="definition"`` (App. F): JS through its definition, with a live reference model: GRPO
 computes the rollouts' reference log-probs (``beta`` is 1 for that) but its own KL term is left out of the loss
 (``beta`` is 0 while GRPO's loss runs); ``beta1 * KL(pi || M)`` on D_exp is added here.
@@ -33,7 +34,7 @@ from .._offline import (
 )
 from .._validation import check_presampled_columns, check_stored_columns
 from ..generation import pack_prompt_completion
-from ..parts import Part
+from ..parts import LossTerm, Part
 from ..presample import PresampleConfig, check_presample_options, presample
 from ..presample.metadata import presample_metadata, summarize
 from ..presample.vllm_backend import trainer_generator
@@ -45,8 +46,9 @@ PRESAMPLE_COLUMNS = ("ref_rewards", "ref_completion_ids", "ref_completion_logps"
 class Rehearsal(Part):
     """The D_pef rehearsal term (and, in the definition form, App. F's D_exp term). The trainer holds the split:
     ``pef_dataset``, ``split_stats``, the D_exp ``train_dataset``, the D_pef stream position ``_pef_epoch`` /
-    ``_pef_pos`` (checkpointed). Metrics: ``dph/loss_exp``, ``dph/loss_pef``, ``dph/log_u_mean``,
-    ``dph/num_pef_rows``, ``dph/num_exp_prompts`` (``dph/js_exp_term`` in the definition form)."""
+    ``_pef_pos`` (checkpointed). Loss terms ``dph_pef`` (eta L_pef) and, in the definition form, ``dph_js_exp``
+    (beta1 KL on D_exp). Metrics: ``dph/loss_exp``, ``dph/loss_pef``, ``dph/log_u_mean``, ``dph/num_pef_rows``,
+    ``dph/num_exp_prompts`` (``dph/js_exp_term`` in the definition form)."""
 
     name = "dph_rehearsal"
     offline_pass = True
@@ -208,14 +210,6 @@ class Rehearsal(Part):
         return trainer.pef_dataset.select(rows[rank * size : (rank + 1) * size])
 
     @staticmethod
-    def global_token_mean(trainer, values, mask):
-        """This process's share of the token mean of ``values`` over the global batch: ``sum_local / (N / P)`` with
-        ``N`` the unmasked tokens of all processes. Averaged over processes (as DDP averages gradients) it is the
-        token mean of the whole batch, whatever the number of processes and however the tokens are spread."""
-        n_tokens = trainer.accelerator.gather(mask.sum().detach().reshape(1)).sum().clamp(min=1.0)
-        return (values * mask).sum() * trainer.accelerator.num_processes / n_tokens
-
-    @staticmethod
     def _pef_tensors(trainer, batch):
         device = trainer.accelerator.device
         ids, attn, P = pack_prompt_completion(batch["prompt_ids"], batch["completion_ids"],
@@ -240,18 +234,17 @@ class Rehearsal(Part):
         finally:
             trainer.beta = 1.0
 
-    def loss(self, trainer, model, inputs, forward, loss):
+    def loss(self, trainer, model, inputs, forward):
         args, mode = self.args, "train" if trainer.model.training else "eval"
         metrics, gather = trainer._metrics[mode], trainer.accelerator.gather
+        terms = {}
         if self.definition:  # + beta1 * KL(pi || M) on D_exp rollouts (App. F)
             _, policy_side = losses.js_definition_terms(forward.completion_logps - inputs["ref_per_token_logps"])
-            kl = self.global_token_mean(trainer, policy_side, inputs["completion_mask"])
+            kl = trainer._global_token_mean(policy_side, inputs["completion_mask"])
             metrics["dph/js_exp_term"].append(gather(kl.detach()).mean().item())
-            scale = trainer.current_gradient_accumulation_steps if mode == "train" else 1.0
-            loss = loss + trainer.js_beta1 * kl / scale
-        loss_exp = loss
+            terms["dph_js_exp"] = trainer.js_beta1 * kl
         if mode != "train" or len(trainer.pef_dataset) == 0 or args.dph_coef == 0:
-            return loss_exp
+            return terms
         ids, attn, ref_logps, mask, C = self._pef_tensors(trainer, self.next_pef_batch(trainer))
         logps, _, _ = trainer._get_per_token_logps_and_entropies(model, ids, attn, C)
         log_u = logps - ref_logps
@@ -259,17 +252,20 @@ class Rehearsal(Part):
             f, _ = losses.js_definition_terms(log_u)  # KL(pi_ref || M) on reference samples (eq. 17)
         else:
             f = losses.f_divergence(log_u, args.divergence, args.divergence_alpha)
-        loss_pef = self.global_token_mean(trainer, f, mask)  # token mean over the global D_pef batch (eq. 6)
-        eta, ga = args.dph_coef, trainer.current_gradient_accumulation_steps
-        if args.loss_combination == "sum":  # eq. 7
-            loss = loss_exp + eta * loss_pef / ga
-        else:
-            n_exp, n_pef = inputs["completion_ids"].size(0), ids.size(0)
-            loss = (n_exp * loss_exp + eta * n_pef * loss_pef / ga) / (n_exp + n_pef)
-        metrics["dph/loss_exp"].append(gather(loss_exp.detach() * ga).mean().item())
+        loss_pef = trainer._global_token_mean(f, mask)  # token mean over the global D_pef batch (eq. 6)
+        # eta * L_pef on the D_pef batch; the trainer combines it with L_exp (loss_combination: eq. 7's sum, or
+        # weighted by the rows of each batch)
+        terms["dph_pef"] = LossTerm(args.dph_coef * loss_pef, batch="dph_pef", rows=ids.size(0))
         metrics["dph/loss_pef"].append(gather(loss_pef.detach()).mean().item())
         n_tok = gather(mask.sum()).sum().clamp(min=1)
         metrics["dph/log_u_mean"].append((gather((log_u.detach() * mask).sum()).sum() / n_tok).item())
         metrics["dph/num_pef_rows"].append(float(len(trainer.pef_dataset)))
         metrics["dph/num_exp_prompts"].append(float(trainer.split_stats["num_exp_prompts"]))
-        return loss
+        return terms
+
+    def after_loss(self, trainer, batch_losses) -> None:
+        """``dph/loss_exp``: L_exp, the loss on the D_exp rollouts (GRPO's plus every part's term on them), logged
+        beside ``dph/loss_pef`` when a D_pef batch was rehearsed."""
+        if "dph_pef" in batch_losses:
+            trainer._metrics["train"]["dph/loss_exp"].append(
+                trainer.accelerator.gather(batch_losses["rollout"].reshape(1)).mean().item())

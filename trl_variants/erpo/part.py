@@ -129,8 +129,9 @@ class QueryWeights(Part):
 
 # ---------------------------------------------------------------------------------------- 2. Query-KL ---
 class QueryKL(Part):
-    """``+ alpha * mean_s k3(l_ref(s) - l_theta(s))`` (eq. 10-11); metrics ``erpo/query_kl``,
-    ``erpo/policy_prompt_logp/mean``. The term acts on the prompt, so it is not 0 when every completion is masked."""
+    """``+ alpha * mean_s k3(l_ref(s) - l_theta(s))`` (eq. 10-11), the loss term ``erpo_query_kl`` (logged as
+    ``loss/erpo_query_kl``); metrics ``erpo/query_kl`` (the mean k3, without alpha), ``erpo/policy_prompt_logp/mean``.
+    The term acts on the prompt, so it is not 0 when every completion is masked."""
 
     name = "erpo_query_kl"
     needs = REFERENCE_PROMPT_LOGP
@@ -144,16 +145,14 @@ class QueryKL(Part):
             [x[trainer.args.ref_prompt_logp_column] for x in inputs], dtype=torch.float32,
             device=trainer.accelerator.device)
 
-    def loss(self, trainer, model, inputs, forward, loss):
+    def loss(self, trainer, model, inputs, forward):
         l_theta = forward.prompt_logps
         per_prompt = losses.query_kl(l_theta, inputs["ref_prompt_logps"], self.estimator)
         # Row mean = mean over distinct prompts when the step sees whole groups (each prompt has G rows).
-        mode = _mode(trainer)
-        scale = trainer.current_gradient_accumulation_steps if mode == "train" else 1.0
-        metrics, gather = trainer._metrics[mode], trainer.accelerator.gather
+        metrics, gather = trainer._metrics[_mode(trainer)], trainer.accelerator.gather
         metrics["erpo/query_kl"].append(gather(per_prompt.detach()).mean().item())
         metrics["erpo/policy_prompt_logp/mean"].append(gather(l_theta.detach()).mean().item())
-        return loss + self.coef * per_prompt.mean() / scale
+        return {"erpo_query_kl": self.coef * per_prompt.mean()}  # on the rollout batch
 
 
 def erpo_parts(args) -> list[Part]:

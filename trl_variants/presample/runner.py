@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from .._offline import preserved_random_state
 from .._validation import (
     check_model_paths,
     check_reward_column_values,
@@ -218,6 +220,17 @@ def _shard_rows(shards, config: PresampleConfig, num_rows: int) -> list[int]:
     return [r for s in sorted(shards) for r in shard_rows(s, config.shard_size, num_rows)]
 
 
+def _keeps_random_state(pass_fn):
+    """``pass_fn`` run inside :func:`~trl_variants._offline.preserved_random_state`."""
+    @functools.wraps(pass_fn)
+    def run(*args, **kwargs):
+        with preserved_random_state():
+            return pass_fn(*args, **kwargs)
+
+    return run
+
+
+@_keeps_random_state
 def presample(
     model,
     tokenizer,
@@ -234,6 +247,10 @@ def presample(
     shards: Sequence[int] | None = None,
 ):
     """Run the offline reference pass and return ``dataset`` with the :data:`COLUMNS` it records.
+
+    The pass seeds torch per shard when it samples and draws nothing when it reads its cache: it leaves the random
+    state (torch CPU and CUDA, python ``random``, numpy) exactly as it found it, so whatever runs after it (a
+    trainer's rollouts) does not depend on whether it was computed, read from the cache or run lazily.
 
     Args:
         model: the frozen reference policy: a model object, or a path / Hub id loaded with ``AutoModelForCausalLM``.
