@@ -232,7 +232,10 @@ def iterations(method, tmp_path):
 
 
 def odd_group(method, tmp_path):
-    trainer = make(method, tmp_path, num_generations=3, per_device_train_batch_size=12)
+    # 48 tokens, not small_config's 24: at 24 a draw can clip all 12 completions (the length reward is then constant,
+    # no advantage; DPH-RL's rehearsal has no gradient at its first step, u = 1), which DPH-RL's draw did once its
+    # offline pass stopped consuming the global random stream
+    trainer = make(method, tmp_path, num_generations=3, per_device_train_batch_size=12, max_completion_length=48)
     train_changes_model(trainer)
 
 

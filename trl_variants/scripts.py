@@ -20,6 +20,15 @@ from ._validation import check_model_reference, check_no_none, ensure_pad_token
 from .registry import REGISTRY, method_classes
 from .rewards import REWARD_FUNCS
 
+
+def load_default_dataset(*args, **kwargs):
+    """:func:`trl_variants.default.load_default_dataset` (the embedded task), imported on first use so that the command
+    line's light paths (``--help``, ``recipes``) load no datasets library."""
+    from .default import load_default_dataset as load
+
+    return load(*args, **kwargs)
+
+
 EMBEDDED = "embedded"
 """``dataset_name`` value (the default) selecting the shipped synthetic math task."""
 
@@ -347,8 +356,6 @@ def load_datasets(script_args: TrainScriptArguments, training_args=None, tokeniz
         name = "mixture of " + ", ".join(d.path for d in script_args.datasets)
         ds = get_dataset(script_args)  # TRL's loader: DatasetDict(train[, test with test_split_size])
     elif name == EMBEDDED:
-        from .default import load_default_dataset
-
         ds = load_default_dataset(
             script_args.embedded_train_size, script_args.embedded_test_size, seed=script_args.embedded_seed
         )
@@ -922,7 +929,6 @@ def run_training(trainer_cls, config_cls, default_config: str | Path | None = No
     training_args.resume_from_checkpoint = resume_target(training_args.resume_from_checkpoint)
     trainer = trainer_cls(**trainer_kwargs(script_args, training_args, model_args))
     if script_args.heldout_eval_steps:
-        from .default import load_default_dataset
         from .evaluate import HeldOutCallback
 
         heldout = load_default_dataset(0, script_args.embedded_test_size)["test"]
