@@ -91,6 +91,20 @@ def _trainable_low_dtype(model):
     return next((p.dtype for p in model.parameters() if p.requires_grad and _low_dtype(p.dtype)), None)
 
 
+def _requested_dtype(model: str, dtype):
+    """The dtype a path will load in: ``dtype`` as given, or for ``"auto"`` the checkpoint's own (its config's
+    ``dtype``, read without loading weights; None when the config cannot be read here)."""
+    if str(dtype) != "auto":
+        return dtype
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(model)
+    except (OSError, ValueError):
+        return None
+    return getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+
+
 def check_master_weights(model, args, trainer_name: str, peft_config=None) -> None:
     """Apply ``args.low_precision_weights`` before the model loads (``model`` a path: its ``model_init_kwargs``
     ``dtype``) or before training starts (``model`` an object). ``"upcast"`` rewrites ``args.model_init_kwargs`` so
@@ -103,7 +117,8 @@ def check_master_weights(model, args, trainer_name: str, peft_config=None) -> No
         return
     kwargs = dict(args.model_init_kwargs or {})
     key = "dtype" if "dtype" in kwargs or "torch_dtype" not in kwargs else "torch_dtype"
-    low = _low_dtype(kwargs.get(key)) if isinstance(model, str) else _trainable_low_dtype(model)
+    low = _low_dtype(_requested_dtype(model, kwargs.get(key))) if isinstance(model, str) else \
+        _trainable_low_dtype(model)
     if low is None:
         return
     name = str(low).removeprefix("torch.")

@@ -77,3 +77,17 @@ def test_the_rule_leaves_alone_what_keeps_master_weights(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="low_precision_weights must be one of"):
         ERPOConfig(output_dir=str(tmp_path), use_cpu=True, low_precision_weights="bf16")
 
+
+
+def test_dtype_auto_reads_the_checkpoints_dtype(tmp_path):
+    """dtype: auto loads a checkpoint in its own dtype (bf16 for most real models): read from its config first."""
+    from trl_variants import ERPOConfig
+
+    bf16_copy = tmp_path / "bf16_model"
+    AutoModelForCausalLM.from_pretrained(DEFAULT_MODEL_PATH, dtype=torch.bfloat16).save_pretrained(bf16_copy)
+    args = small_config(ERPOConfig, tmp_path, model_init_kwargs={"dtype": "auto"})
+    check_master_weights(str(bf16_copy), args, "ERPOTrainer")
+    assert args.model_init_kwargs["dtype"] == "float32"  # upcast, as for dtype: bfloat16
+    args = small_config(ERPOConfig, tmp_path, model_init_kwargs={"dtype": "auto"})
+    check_master_weights(DEFAULT_MODEL_PATH, args, "ERPOTrainer")  # a float32 checkpoint: left as it is
+    assert args.model_init_kwargs["dtype"] == "auto"
