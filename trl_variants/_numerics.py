@@ -153,15 +153,18 @@ def _local(tensor):
     return tensor.to_local() if hasattr(tensor, "to_local") else tensor
 
 
+def _nonfinite(tensors) -> bool:
+    """Whether the parts of ``tensors`` this process holds contain a non-finite value (one reduction, one sync)."""
+    tensors = [t for t in (_local(t) for t in tensors) if t is not None and t.numel()]
+    if not tensors:
+        return False
+    norms = torch._foreach_norm([t.detach() for t in tensors])
+    return not bool(torch.isfinite(torch.stack([n.float() for n in norms]).sum()))
+
+
 def _bad_count(tensors, accelerator) -> int:
     """How many processes hold a non-finite value in ``tensors`` (their local parts): one flag, summed."""
-    tensors = [t for t in (_local(t) for t in tensors) if t is not None and t.numel()]
-    if tensors:
-        norms = torch._foreach_norm([t.detach() for t in tensors])
-        bad = (~torch.isfinite(torch.stack([n.float() for n in norms]).sum())).float().reshape(1)
-    else:
-        bad = torch.zeros(1)
-    bad = bad.to(accelerator.device)
+    bad = torch.tensor([float(_nonfinite(tensors))], device=accelerator.device)
     if accelerator.num_processes > 1:
         bad = accelerator.reduce(bad, "sum")
     return int(bad.item())
@@ -274,7 +277,7 @@ def finite_logits(trainer):
         step = trainer.state.global_step + (1 if trainer.model.training else 0)
         weights = ("the weights are finite, so the activations overflowed in "
                    f"{logits.dtype}".replace("torch.", "")
-                   if not _bad_count(list(trainer.model.parameters()), _Local()) else "the weights are not finite")
+                   if not _nonfinite(trainer.model.parameters()) else "the weights are not finite")
         raise FloatingPointError(
             f"{type(trainer).__name__}: non-finite logits while generating (optimizer step {step}; {weights}); "
             "stopped before sampling from them. " + _WHAT_TO_DO)
@@ -284,10 +287,3 @@ def finite_logits(trainer):
         yield
     finally:
         handle.remove()
-
-
-class _Local:
-    """An accelerator stand-in for :func:`_bad_count` on this process alone (inside a hook, no collective)."""
-
-    num_processes = 1
-    device = torch.device("cpu")
