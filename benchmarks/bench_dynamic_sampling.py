@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
 
     from trl_variants import accuracy_reward, load_default_dataset
-    from trl_variants.evaluate import EvalConfig, evaluate
+    from trl_variants.evaluation import EvalConfig, evaluate
 
     test = load_default_dataset(n_train=0, n_test=args.eval_prompts)["test"]
     eval_config = EvalConfig(k=1, temperatures=[1.0], max_completion_length=args.max_len, compute_entropy=False,

@@ -49,7 +49,7 @@ def beyond_levels_dataset(prompts: int):
 
 def level_rows(levels, rates: list[float], ks: list[int], k: int) -> list[dict]:
     """Per level: prompts, mean success rate (avg@k) and pass@j for each j of ``ks`` (from ``k`` samples)."""
-    from trl_variants.evaluate import pass_at_k
+    from trl_variants.evaluation import pass_at_k
 
     rows = []
     for level in sorted(set(levels)):
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> dict:
     from trl_variants import accuracy_reward, load_default_dataset
     from trl_variants.default import DEFAULT_MODEL_PATH
     from trl_variants.default.task import LEVELS
-    from trl_variants.evaluate import EvalConfig, evaluate, ks_up_to
+    from trl_variants.evaluation import EvalConfig, evaluate, ks_up_to
 
     test = load_default_dataset(n_train=0, n_test=args.eval_prompts)["test"]
     beyond = beyond_levels_dataset(args.beyond_prompts)
@@ -117,9 +117,9 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 def plot_rates(rates, levels, max_rate, path) -> None:
-    from trl_variants.evaluate import _plt
+    from trl_variants.evaluation import pyplot
 
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 3.4))
     for level in sorted(set(levels)):
         r = sorted(x for x, lv in zip(rates, levels, strict=True) if lv == level)

@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> dict:
     from trl_variants import accuracy_reward
     from trl_variants.default import DEFAULT_MODEL_PATH
     from trl_variants.default.task import BEYOND_LEVELS
-    from trl_variants.evaluate import EvalConfig, evaluate
+    from trl_variants.evaluation import EvalConfig, evaluate
 
     data = beyond_levels_dataset(args.prompts)
     levels = list(data["level"])

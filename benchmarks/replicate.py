@@ -232,7 +232,7 @@ def entropy_prompts(args):
 def entropy_callback(trainer, args):
     """EEPO's quantity where it matters: token entropy of held-out samples at T = 1, every ``--entropy_every``
     steps (logged as ``eval_passk/T1.0/entropy``), timed so that the run's wall time leaves it out."""
-    from trl_variants.evaluate import EvalConfig, PassAtKCallback
+    from trl_variants.evaluation import EvalConfig, PassAtKCallback
 
     class Timed(PassAtKCallback):
         seconds = 0.0  # this callback's own time (an instance attribute from the first measurement on)
@@ -247,7 +247,9 @@ def entropy_callback(trainer, args):
     return Timed(trainer, entropy_prompts(args), config, eval_steps=args.entropy_every)
 
 
-def train(method: str, seed: int, args, out_dir: Path) -> dict:
+def train(method: str, seed: int, args, out_dir: Path, extra: dict | None = None) -> dict:
+    """Train ``method`` on ``seed``'s data with the shared settings (``extra``: config fields on top, e.g. another
+    ``dph_coef`` for benchmarks/dph_dose.py); its log history and the setup / training seconds."""
     from trl_variants import accuracy_reward, load_default_dataset
 
     common = shared_settings(args, seed, out_dir)
@@ -255,13 +257,14 @@ def train(method: str, seed: int, args, out_dir: Path) -> dict:
     levels = {"levels": tuple(train_levels)} if train_levels else {}
     data = load_default_dataset(n_train=args.train_prompts, n_test=args.eval_prompts, seed=seed, **levels)["train"]
     cache = str(ROOT / "outputs" / "replication-cache")
-    own = {"dph": dict(presample_cache_dir=cache), COMPOSED: dict(presample_cache_dir=cache),
+    composed_parts = ["erpo_query_weights", "erpo_query_kl", "dph_rehearsal"]  # ERPO + DPH-RL, said explicitly
+    own = {"dph": dict(presample_cache_dir=cache), COMPOSED: dict(presample_cache_dir=cache, parts=composed_parts),
            "apo": dict(presample_cache_dir=cache, num_generations=1, lazy_value_pass=args.lazy_value_pass,
                        per_device_train_batch_size=args.apo_batch, presample_shard_size=args.apo_shard_size)}
     cls, config_cls = method_classes(method)
     t0 = time.perf_counter()
     trainer = cls(model=args.base_model, reward_funcs=accuracy_reward,
-                  args=config_cls(**{**common, **own.get(method, {})}), train_dataset=data)
+                  args=config_cls(**{**common, **own.get(method, {}), **(extra or {})}), train_dataset=data)
     setup_s = time.perf_counter() - t0  # the offline pass (A*-PO's V_hat, DPH-RL's split, ERPO's l_ref) is here
     measure = entropy_callback(trainer, args) if args.entropy_every else None
     if measure is not None:
@@ -475,9 +478,9 @@ def _band(ax, xs, per_seed: list[list[float]], color, label, marker=None):
 
 
 def plot_training_curves(runs: dict, path: Path) -> None:
-    from trl_variants.evaluate import _plt
+    from trl_variants.evaluation import pyplot
 
-    plt = _plt()
+    plt = pyplot()
     panels = [(("reward",), "training reward"), (("entropy",), "token entropy of the rollouts"),
               (("erpo/query_kl",), "Query-KL (ERPO)"), (("eepo/entropy_stage2",), "EEPO stage-2 entropy")]
     if any(HELDOUT_ENTROPY in h for seeds in runs.values() for r in seeds for h in r["history"]):
@@ -505,9 +508,9 @@ def plot_training_curves(runs: dict, path: Path) -> None:
 
 
 def plot_eval(evals: dict, k: int, temps: list[float], out: Path) -> None:
-    from trl_variants.evaluate import _plt, ks_up_to
+    from trl_variants.evaluation import ks_up_to, pyplot
 
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
     ks = ks_up_to(k)
     t = "1.0"  # the training temperature (main() requires it in the sweep)
@@ -537,9 +540,9 @@ def plot_eval(evals: dict, k: int, temps: list[float], out: Path) -> None:
 
 def plot_claims(claim_lines: list[dict], path: Path) -> None:
     """The headline figure: one row per paper, one panel per number of its claim (mean and 95% CI whiskers)."""
-    from trl_variants.evaluate import _plt
+    from trl_variants.evaluation import pyplot
 
-    plt = _plt()
+    plt = pyplot()
     cols = max(len(c["numbers"]) for c in claim_lines)
     fig, axes = plt.subplots(len(claim_lines), cols, figsize=(3.3 * cols, 2.5 * len(claim_lines)), squeeze=False)
     for row, c in zip(axes, claim_lines, strict=True):
@@ -843,7 +846,7 @@ def main(argv: list[str] | None = None):
 
     from trl_variants import accuracy_reward
     from trl_variants.default import DEFAULT_MODEL_PATH
-    from trl_variants.evaluate import EvalConfig, evaluate
+    from trl_variants.evaluation import EvalConfig, evaluate
 
     args.base_model = str(args.base_model or DEFAULT_MODEL_PATH)
     start = time.perf_counter()

@@ -5,11 +5,11 @@
     accelerate launch examples/train_apo.py --max_steps 20 --value_beta 1.0   # flags override the YAML
 
 The same as `trl-variants train apo` (no clone needed): the steps (parse, data, rewards, trainer, train,
-save, push) are `trl_variants.scripts.run_training`.
+save, push) are `trl_variants.training.run_training`.
 """
 
 from trl_variants import APOConfig, APOTrainer
-from trl_variants.scripts import train_main
+from trl_variants.training import train_main
 
 if __name__ == "__main__":
     train_main("apo", APOTrainer, APOConfig)

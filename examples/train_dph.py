@@ -5,11 +5,11 @@
     accelerate launch examples/train_dph.py --max_steps 20 --divergence forward_kl --dph_coef 0.01   # flags override the YAML
 
 The same as `trl-variants train dph` (no clone needed): the steps (parse, data, rewards, trainer, train,
-save, push) are `trl_variants.scripts.run_training`.
+save, push) are `trl_variants.training.run_training`.
 """
 
 from trl_variants import DPHConfig, DPHTrainer
-from trl_variants.scripts import train_main
+from trl_variants.training import train_main
 
 if __name__ == "__main__":
     train_main("dph", DPHTrainer, DPHConfig)

@@ -5,11 +5,11 @@
     accelerate launch examples/train_erpo.py --max_steps 20 --query_kl_coef 0.05   # flags override the YAML
 
 The same as `trl-variants train erpo` (no clone needed): the steps (parse, data, rewards, trainer, train,
-save, push) are `trl_variants.scripts.run_training`.
+save, push) are `trl_variants.training.run_training`.
 """
 
 from trl_variants import ERPOConfig, ERPOTrainer
-from trl_variants.scripts import train_main
+from trl_variants.training import train_main
 
 if __name__ == "__main__":
     train_main("erpo", ERPOTrainer, ERPOConfig)

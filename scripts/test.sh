@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The README's test command: set up .venv, then run the whole test suite (CPU, offline, < 15 minutes on 2 cores).
+# The README's test command: set up .venv, then run the whole test suite (CPU, offline; its time on a clean clone: results/test_suite/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh

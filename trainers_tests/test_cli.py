@@ -11,11 +11,12 @@ from pathlib import Path
 import pytest
 
 from trl_variants import cli
+from trl_variants.cli import evaluate_command, presample_command
 from trl_variants.evaluate import EvalConfig
 from trl_variants.presample import PresampleConfig
 
-PARSED = {"presample": (cli.PresampleScriptArguments, PresampleConfig),
-          "evaluate": (cli.EvaluateScriptArguments, EvalConfig)}
+PARSED = {"presample": (presample_command.PresampleScriptArguments, PresampleConfig),
+          "evaluate": (evaluate_command.EvaluateScriptArguments, EvalConfig)}
 
 
 def _help(capsys, argv) -> str:
@@ -98,8 +99,8 @@ def test_presample_scores_with_a_reward_model_as_grpo_trainer_does(tmp_path):
     from datasets import load_from_disk
 
     from trainers_tests.helpers import tiny_reward_model
+    from trl_variants.data import load_reward_model
     from trl_variants.presample.metadata import presample_metadata
-    from trl_variants.scripts import load_reward_model
 
     path = tiny_reward_model(tmp_path / "tiny-rm")
     out = tmp_path / "presampled"
@@ -139,14 +140,14 @@ def test_presample_reads_a_dataset_mixture_and_names_it_on_the_card(tmp_path):
 
 
 def test_presample_split_test_refuses_a_named_dataset_before_loading_it(monkeypatch, tmp_path):
-    monkeypatch.setattr(cli, "load_datasets", lambda *a, **k: pytest.fail("loaded data before refusing"))
+    monkeypatch.setattr(presample_command, "load_datasets", lambda *a, **k: pytest.fail("loaded data before refusing"))
     with pytest.raises(ValueError, match=r"--split test is only supported for the embedded dataset"):
         cli.main(["presample", "--split", "test", "--dataset_name", "org/data", "--output_dir", str(tmp_path)])
 
 
 def test_evaluate_refuses_a_reward_model_before_loading_anything(monkeypatch, tmp_path):
     pytest.importorskip("matplotlib", reason="evaluate checks matplotlib first")
-    monkeypatch.setattr(cli, "load_eval_dataset", lambda *a, **k: pytest.fail("data loaded before the refusal"))
+    monkeypatch.setattr(evaluate_command, "load_eval_dataset", lambda *a, **k: pytest.fail("data loaded before the refusal"))
     with pytest.raises(ValueError, match=r"--reward_model_name_or_path is not supported by evaluate"):
         cli.main(["evaluate", "--reward_model_name_or_path", "org/rm", "--output_dir", str(tmp_path)])
 
@@ -198,7 +199,7 @@ def test_presample_and_evaluate_filter_prompt_length_with_the_models_tokenizer(t
         raise SystemExit(0)  # stop before sampling: the dataset handed to evaluation is what is checked
 
     pytest.importorskip("matplotlib", reason="evaluate checks matplotlib first")
-    import trl_variants.evaluate as ev
+    import trl_variants.evaluation as ev
 
     monkeypatch.setattr(ev, "evaluate", fake_evaluate)
     with pytest.raises(SystemExit):
@@ -254,11 +255,12 @@ class _FakeTrainer:
 
 def _run_example(monkeypatch, argv):
     """``examples/train_erpo.py ARGV`` up to the trainer (nothing loads or trains)."""
-    from trl_variants import ERPOConfig, scripts
+    from trl_variants import ERPOConfig
+    from trl_variants.training import run
 
-    monkeypatch.setattr(scripts, "trainer_kwargs", lambda *a: {})
-    monkeypatch.setattr(scripts, "train_and_save", lambda *a: None)
-    return scripts.run_training(_FakeTrainer, ERPOConfig, ROOT / "configs" / "erpo" / "tiny_cpu.yaml", argv=argv)
+    monkeypatch.setattr(run, "trainer_kwargs", lambda *a: {})
+    monkeypatch.setattr(run, "train_and_save", lambda *a: None)
+    return run.run_training(_FakeTrainer, ERPOConfig, ROOT / "configs" / "erpo" / "tiny_cpu.yaml", argv=argv)
 
 
 def test_example_with_another_dataset_drops_the_default_yamls_heldout_settings(monkeypatch, capsys, tmp_path):
@@ -332,13 +334,13 @@ def test_cache_list_and_clear(tmp_path, capsys, monkeypatch):
 
 
 def test_the_recipes_ship_inside_the_package_and_configs_is_a_link_to_them():
-    from trl_variants import scripts
+    from trl_variants import recipe_catalog
 
-    assert scripts.RECIPES_DIR == ROOT / "trl_variants" / "recipes"
-    assert (ROOT / "configs").resolve() == scripts.RECIPES_DIR.resolve()  # a clone's configs/<method>/... still works
-    assert {p.parent.name for p in scripts.shipped_recipes()} == {*scripts.METHODS, "accelerate"}
-    for method in scripts.METHODS:
-        assert scripts.default_recipe(method).is_file()
+    assert recipe_catalog.RECIPES_DIR == ROOT / "trl_variants" / "recipes"
+    assert (ROOT / "configs").resolve() == recipe_catalog.RECIPES_DIR.resolve()  # a clone's configs/<method>/... still works
+    assert {p.parent.name for p in recipe_catalog.shipped_recipes()} == {*recipe_catalog.METHODS, "accelerate"}
+    for method in recipe_catalog.METHODS:
+        assert recipe_catalog.default_recipe(method).is_file()
     pyproject = (ROOT / "pyproject.toml").read_text()
     assert '"recipes/*/*.yaml"' in pyproject.split("[tool.setuptools.package-data]", 1)[1].split("\n[", 1)[0]
 
@@ -354,25 +356,25 @@ def test_the_recipes_ship_inside_the_package_and_configs_is_a_link_to_them():
     ("accelerate/zero2", "accelerate/zero2.yaml"),
 ])
 def test_a_recipe_is_found_by_name(value, expected, tmp_path, monkeypatch):
-    from trl_variants import scripts
+    from trl_variants import recipe_catalog
 
     monkeypatch.chdir(tmp_path)  # no configs/ here
-    assert scripts.resolve_recipe(value, "erpo") == scripts.RECIPES_DIR / expected
+    assert recipe_catalog.resolve_recipe(value, "erpo") == recipe_catalog.RECIPES_DIR / expected
 
 
 def test_a_recipe_path_wins_and_an_unknown_or_ambiguous_name_is_refused(tmp_path, monkeypatch):
-    from trl_variants import scripts
+    from trl_variants import recipe_catalog
 
     monkeypatch.chdir(tmp_path)
     own = tmp_path / "erpo" / "tiny_cpu.yaml"
     own.parent.mkdir()
     own.write_text("max_steps: 3\n")
-    assert scripts.resolve_recipe("erpo/tiny_cpu.yaml", "erpo") == Path("erpo/tiny_cpu.yaml")  # the file here
-    assert scripts.resolve_recipe("erpo/tiny_cpu.yaml", "erpo", files=False) == scripts.default_recipe("erpo")
+    assert recipe_catalog.resolve_recipe("erpo/tiny_cpu.yaml", "erpo") == Path("erpo/tiny_cpu.yaml")  # the file here
+    assert recipe_catalog.resolve_recipe("erpo/tiny_cpu.yaml", "erpo", files=False) == recipe_catalog.default_recipe("erpo")
     with pytest.raises(FileNotFoundError, match=r"nope.yaml: no such file, and no shipped recipe .*erpo/tiny_cpu"):
-        scripts.resolve_recipe("nope.yaml", "erpo")
+        recipe_catalog.resolve_recipe("nope.yaml", "erpo")
     with pytest.raises(ValueError, match=r"several shipped recipes are named 'tiny_cpu' \(apo/tiny_cpu, "):
-        scripts.resolve_recipe("tiny_cpu")
+        recipe_catalog.resolve_recipe("tiny_cpu")
 
 
 class _Parsed(Exception):
@@ -382,12 +384,12 @@ class _Parsed(Exception):
 def _train(monkeypatch, argv):
     """``trl-variants train ARGV`` up to the trainer (nothing loads or trains): ``(script_args, training_args,
     model_args)``."""
-    from trl_variants import scripts
+    from trl_variants.training import run
 
     def stop(*parsed):
         raise _Parsed(parsed)
 
-    monkeypatch.setattr(scripts, "trainer_kwargs", stop)
+    monkeypatch.setattr(run, "trainer_kwargs", stop)
     with pytest.raises(_Parsed) as parsed:
         cli.main(["train", *argv])
     return parsed.value.args[0]
@@ -397,15 +399,16 @@ def test_train_runs_the_example_of_each_method_on_its_shipped_default(monkeypatc
     import trl
 
     import trl_variants
-    from trl_variants import scripts
+    from trl_variants import recipe_catalog
+    from trl_variants.training import run
 
     built = []
-    monkeypatch.setattr(scripts, "run_training", lambda *a, **k: built.append((a, k)))
-    for method, (module, trainer, config) in scripts.METHODS.items():
+    monkeypatch.setattr(run, "run_training", lambda *a, **k: built.append((a, k)))
+    for method, (module, trainer, config) in recipe_catalog.METHODS.items():
         cli.main(["train", method, "--max_steps", "3"])
         (args, kwargs) = built.pop()
         owner = trl if module == "trl" else trl_variants
-        assert args == (getattr(owner, trainer), getattr(owner, config), scripts.default_recipe(method))
+        assert args == (getattr(owner, trainer), getattr(owner, config), recipe_catalog.default_recipe(method))
         assert kwargs == {"argv": ["--max_steps", "3"], "prog": f"trl-variants train {method}"}
         example = (ROOT / "examples" / f"train_{method}.py").read_text()
         assert f'train_main("{method}", {trainer}, {config})' in example  # the example is the same command
@@ -447,17 +450,17 @@ def test_train_without_a_method_or_with_an_unknown_one_or_recipe_says_what_to_ch
 
 
 def test_recipes_lists_every_shipped_yaml_and_prints_a_path(capsys):
-    from trl_variants import scripts
+    from trl_variants import recipe_catalog
 
     for argv in (["recipes"], ["train", "--list"]):
         cli.main(argv)
         out = capsys.readouterr().out
-        assert str(scripts.RECIPES_DIR) in out
-        for path in scripts.shipped_recipes():
-            assert f"  {scripts.recipe_name(path)} " in out
+        assert str(recipe_catalog.RECIPES_DIR) in out
+        for path in recipe_catalog.shipped_recipes():
+            assert f"  {recipe_catalog.recipe_name(path)} " in out
         assert "  erpo/tiny_cpu" in out and "default" in out and "8 processes" in out
     cli.main(["recipes", "--path", "accelerate/multi_gpu"])
-    assert capsys.readouterr().out.strip() == str(scripts.RECIPES_DIR / "accelerate" / "multi_gpu.yaml")
+    assert capsys.readouterr().out.strip() == str(recipe_catalog.RECIPES_DIR / "accelerate" / "multi_gpu.yaml")
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["recipes", "--path", "nope"])
     assert exit_info.value.code == 2 and "no shipped recipe" in capsys.readouterr().err

@@ -2,8 +2,9 @@
 with the parser that will read it (a flag renamed in the code and not in the docs fails here), without running it.
 
 Training commands (`trl-variants train M ...`, `accelerate launch ... -m trl_variants train M ...`,
-`accelerate launch ... examples/train_M.py ...`) go through `trl_variants.scripts.parse_args`, evaluate commands
-through `trl_variants.cli.parse_evaluate_args` and its correctness check, presample commands through its parser.
+`accelerate launch ... examples/train_M.py ...`) go through `trl_variants.training.parse_args`, evaluate
+commands through `trl_variants.cli.evaluate_command.parse_evaluate_args` and its correctness check, presample
+commands through its parser.
 GPU-only values are parsed as on a CPU (`--use_cpu true`: transformers refuses bf16 without a GPU at parse time).
 Lines with `...` (an elided command) or a `<placeholder>` where a path is parsed are skipped."""
 
@@ -76,8 +77,10 @@ def test_doc_command_parses(where, command, tmp_path, monkeypatch):
     argv = _split(command)
     train = _train_argv(argv)
     if train is not None:
+        from trl_variants.recipe_catalog import default_recipe
         from trl_variants.registry import method_classes
-        from trl_variants.scripts import _with_resolved_config, default_recipe, parse_args
+        from trl_variants.training import parse_args
+        from trl_variants.training.run import _with_resolved_config
 
         method, flags = train
         if method in ("--list", "-l", "--help"):
@@ -93,12 +96,14 @@ def test_doc_command_parses(where, command, tmp_path, monkeypatch):
     i = argv.index("trl-variants")
     command_name, flags = argv[i + 1], argv[i + 2:]
     if command_name == "evaluate":
-        from trl_variants.cli import check_correctness_flags, parse_evaluate_args
+        from trl_variants.cli.evaluate_command import check_correctness_flags, parse_evaluate_args
 
         script_args, _ = parse_evaluate_args(flags)
         check_correctness_flags(script_args)
     elif command_name == "presample":
-        from trl_variants.cli import COMMAND_HELP, Parser, PresampleScriptArguments
+        from trl_variants.cli import COMMAND_HELP
+        from trl_variants.cli.parser import Parser
+        from trl_variants.cli.presample_command import PresampleScriptArguments
         from trl_variants.presample import PresampleConfig
 
         if "--config" in flags:  # a YAML of the user's own (my_presample.yaml): only the flags are checked

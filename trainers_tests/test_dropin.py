@@ -1,7 +1,7 @@
 """The drop-in matrix: GRPOTrainer's own behaviours, run against GRPOTrainer and each of the four trainers with their
 additions on. Every cell either works (trains a step, or evaluates, and the behaviour's effect is checked) or is
 refused at construction with a message naming why; a crash or a silent no-op fails. ``EXPECTED`` is the table the
-README's "Using a trainer" section shows (``test_readme_table_matches`` keeps the two equal).
+docs/trainers.md's "Drop-in matrix" shows (``test_readme_table_matches`` keeps the two equal).
 
 Each behaviour is one small run on the tiny default (or a tiny model of another architecture built from a config),
 one optimizer step, the offline passes at their smallest, so the whole matrix stays within a few minutes on CPU.
@@ -505,7 +505,7 @@ def readme_table() -> str:
 
 
 def test_readme_table_matches():
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    readme = (Path(__file__).resolve().parent.parent / "docs" / "trainers.md").read_text()  # the matrix's page
     assert readme_table() in readme, "README's drop-in table differs from EXPECTED; paste:\n" + readme_table()
 
 

@@ -8,9 +8,9 @@ from trl_variants.registry import PAPER_METHODS, REGISTRY, method_classes
 
 
 def test_every_method_names_its_classes_and_the_cli_lists_them_in_order():
-    from trl_variants import scripts
+    from trl_variants import recipe_catalog
 
-    assert list(REGISTRY) == ["erpo", "eepo", "dph", "apo", "composed", "grpo"] == list(scripts.METHODS)
+    assert list(REGISTRY) == ["erpo", "eepo", "dph", "apo", "composed", "grpo"] == list(recipe_catalog.METHODS)
     assert method_classes("erpo") == (trl_variants.ERPOTrainer, trl_variants.ERPOConfig)
     assert method_classes("composed") == (trl_variants.ComposedTrainer, trl_variants.ComposedConfig)
     assert method_classes("grpo") == (trl.GRPOTrainer, trl.GRPOConfig)

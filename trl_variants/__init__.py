@@ -18,6 +18,8 @@ _LAZY = {
     "DPHConfig": ".dph", "DPHTrainer": ".dph",
     "EEPOConfig": ".eepo", "EEPOTrainer": ".eepo",
     "ERPOConfig": ".erpo", "ERPOTrainer": ".erpo",
+    "LossTerm": ".parts", "Part": ".parts", "PartsTrainer": ".parts", "PolicyForward": ".parts",
+    "register_part": ".parts",
     "accuracy_reward": ".rewards", "format_reward": ".rewards",
 }
 

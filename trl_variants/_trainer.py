@@ -18,22 +18,47 @@ def resolve_config(model, args, config_cls, suffix: str):
 
 class EvalDatasetMixin:
     """Per-prompt columns a trainer's loss reads (a reference quantity), added to every evaluation dataset: those
-    given at construction (:meth:`prepare_eval_datasets`, called in ``__init__``) and those passed later to
-    ``evaluate(eval_dataset=...)``, a dict of them included. Mix in before ``GRPOTrainer``; the trainer defines
+    given at construction (computed in ``__init__`` by :meth:`prepare_eval_datasets`, from the model as given) and
+    those passed later to ``evaluate(eval_dataset=...)``, a dict of them included. The user's objects are kept as
+    they are (``trainer.eval_dataset is eval_dataset``, as TRL's own tests assert): the copies with the columns are
+    what :meth:`get_eval_dataloader` iterates. Mix in before ``GRPOTrainer``; the trainer defines
     :meth:`_with_eval_columns` (one dataset in, the same rows with the columns out)."""
 
     def _with_eval_columns(self, dataset):
         raise NotImplementedError
 
-    def _eval_datasets_with_columns(self, datasets):
-        if datasets is None or isinstance(datasets, str):  # a str names one of self.eval_dataset's, already done
-            return datasets
+    def _eval_copy(self, dataset, keep: bool = True):
+        """``dataset`` with the columns, computed once per dataset object of ``self.eval_dataset`` (``keep``: kept
+        with the object, so its id stays its own); one passed to ``evaluate()`` reuses them when it is one of those."""
+        if dataset is None:
+            return dataset
+        done = self.__dict__.setdefault("_eval_copies", {})
+        if id(dataset) in done:
+            return done[id(dataset)][1]
+        copy = self._with_eval_columns(dataset)
+        if keep:
+            done[id(dataset)] = (dataset, copy)
+        return copy
+
+    def _eval_copies_of(self, datasets):
         if isinstance(datasets, dict):
-            return {name: self._with_eval_columns(d) for name, d in datasets.items()}
-        return self._with_eval_columns(datasets)
+            return {name: self._eval_copy(d) for name, d in datasets.items()}
+        return self._eval_copy(datasets)
 
     def prepare_eval_datasets(self) -> None:
-        self.eval_dataset = self._eval_datasets_with_columns(self.eval_dataset)
+        self._eval_copies_of(self.eval_dataset)
 
-    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval"):
-        return super().evaluate(self._eval_datasets_with_columns(eval_dataset), ignore_keys, metric_key_prefix)
+    def get_eval_dataloader(self, eval_dataset=None):
+        if eval_dataset is not None and not isinstance(eval_dataset, str):  # passed to evaluate()
+            return super().get_eval_dataloader(self._eval_copy(eval_dataset, keep=False))
+        # None or the name of one of self.eval_dataset's: GRPOTrainer looks it up there (and keys its dataloader by
+        # that name), so it sees the copies while it builds the dataloader
+        given = self.eval_dataset
+        if isinstance(eval_dataset, str) and isinstance(given, dict):
+            self.eval_dataset = {**given, eval_dataset: self._eval_copy(given[eval_dataset])}
+        else:
+            self.eval_dataset = self._eval_copies_of(given)
+        try:
+            return super().get_eval_dataloader(eval_dataset)
+        finally:
+            self.eval_dataset = given

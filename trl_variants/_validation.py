@@ -77,6 +77,27 @@ def check_common(config) -> None:
                                   flag=f"{name}.use_transformers_continuous_batching")
 
 
+def check_cache_dir(value, config: str, field: str) -> None:
+    """Refuse a cache directory of the offline pass that cannot be one: ``value`` (the option ``field`` of the config
+    class named ``config``) or, when it is unset, ``$TRL_VARIANTS_CACHE`` (the default), naming a file or a path
+    under a file. The pass creates the directory only after the model load, so the check must come first."""
+    env = not value
+    text = os.environ.get("TRL_VARIANTS_CACHE", "") if env else str(value)
+    if not text:
+        return  # ~/.cache/trl_variants/presample
+    path = Path(text)  # as the pass uses it (presample.runner)
+    blocker = next((p for p in (path, *path.parents) if os.path.exists(p)), None)
+    if blocker is None or os.path.isdir(blocker):
+        return
+    what = "is a file" if blocker == path else f"is under {blocker}, a file"
+    if env:
+        raise ValueError(f"$TRL_VARIANTS_CACHE={text} (the default {config}.{field}) {what}, not a directory: point "
+                         f"TRL_VARIANTS_CACHE at a directory (created when missing), unset it, or pass --{field} DIR")
+    raise ValueError(f"{config}.{field}: {text} {what}, not a directory (the offline pass caches its results in a "
+                     f"directory there): pass --{field} DIR ({field}=DIR in Python; created when missing), or move "
+                     "the file away")
+
+
 # ---------------------------------------------------------------------------------------- model paths ---
 def _offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")

@@ -34,8 +34,13 @@ batch_losses)``               the rollout batch), for the part's own metrics
 ``state()`` /                 the part's checkpointed state (JSON; keys unique across parts)
 ``load_state(state)``
 ============================  ==============================================================================
-Metrics use ``trainer._metrics[mode]`` under the part's prefix (``erpo/...``); the trainer logs each loss term
-under ``loss/<name>``.
+Metrics go through ``trainer.log_metric(name, value)`` (``trainer._metrics[mode]``) under the part's prefix
+(``erpo/...``); the trainer logs each loss term under ``loss/<name>``. A part that reads more than its own rows
+uses the trainer's global helpers (:meth:`PartsTrainer.global_token_mean`, :meth:`PartsTrainer.global_mean`), so
+that it trains the same on N processes as on one.
+
+A part's class is registered by its ``name`` (:func:`register_part`, the built-in parts included), so that a
+:class:`~trl_variants.ComposedConfig` can name it; :meth:`Part.from_config` builds it from a config.
 
 The loss does not depend on the order of the parts: the terms are computed in the order of the parts' names and
 added in the order of the terms' names, whatever the order of the list (``loss_combination``, below, is the
@@ -44,11 +49,14 @@ trainer's: ``"sum"`` or ``"count_weighted"``).
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Mapping
 from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass
+from types import MappingProxyType
 
 import torch
-from trl import GRPOTrainer
+from trl import GRPOConfig, GRPOTrainer
 
 from ._card import ModelCardMixin
 from ._checkpoint import CheckpointStateMixin
@@ -94,14 +102,33 @@ class LossTerm:
 
 
 class Part:
-    """One method's additions to GRPO (the contract is in this module's docstring)."""
+    """One method's additions to GRPO (the contract is in this module's docstring; docs/parts.md walks through a new
+    one). A subclass sets ``name`` (unique among the parts of a trainer; its metrics' prefix) and defines the hooks
+    it needs. ``str(part)`` is its name (what a config's record and a checkpoint keep of it)."""
 
     name = "part"
-    needs: dict = {}  # name -> provide(trainer, dataset, split) -> dataset with that column
+    # name -> provide(trainer, dataset, split) -> dataset with that column; read-only, each class its own (a dict
+    # given in a class body is frozen into a read-only copy; an instance may set its own)
+    needs: Mapping = MappingProxyType({})
     offline_pass = False  # setup samples or scores the dataset before training (timed and logged as offline_pass/)
     owns_rollout = False
     fills_batch = False
     wants_prompt_logps = False
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if isinstance(cls.__dict__.get("needs"), dict):  # no class shares (or mutates) another's needs
+            cls.needs = MappingProxyType(dict(cls.__dict__["needs"]))
+
+    @classmethod
+    def from_config(cls, args) -> Part:
+        """The part as a config sets it up (how :class:`~trl_variants.ComposedTrainer` builds a part it is given by
+        name or class). Default: ``cls()``; a part with options reads them from ``args`` here or takes them in
+        ``__init__`` (then give an instance)."""
+        return cls()
+
+    def __str__(self) -> str:
+        return self.name
 
     def check(self, trainer_name, args, train_dataset, kwargs) -> None:
         pass
@@ -141,12 +168,57 @@ class Part:
         pass
 
 
+# ------------------------------------------------------------------------------------------- the registry ---
+_REGISTRY: dict[str, type[Part]] = {}
+_BUILTIN = {"erpo_query_weights": "erpo.part", "erpo_query_kl": "erpo.part", "dph_rehearsal": "dph.part",
+            "eepo_two_stage_rollout": "eepo.part", "dapo_dynamic_sampling": "dapo.part"}  # each registers on import
+
+
+def register_part(cls: type[Part]) -> type[Part]:
+    """Register a :class:`Part` subclass under its ``name`` (usable as a class decorator), so that a
+    :class:`~trl_variants.ComposedConfig` can name it in ``parts``; built with :meth:`Part.from_config`. A name
+    already registered to another class is refused (a class redefined under the same module and name replaces
+    its earlier self)."""
+    if not (isinstance(cls, type) and issubclass(cls, Part)):
+        raise TypeError(f"register_part takes a subclass of trl_variants.Part, got {cls!r}")
+    if cls.name == Part.name or not isinstance(cls.name, str) or not cls.name:
+        raise ValueError(f"{cls.__qualname__} has no name of its own: set the class attribute name = '...'")
+    known = _REGISTRY.get(cls.name)
+    builtin = _BUILTIN.get(cls.name)
+    if builtin is not None and cls.__module__ != f"{__package__}.{builtin}":
+        raise ValueError(f"{cls.name!r} is the name of a built-in part: give the new part another name")
+    if known is not None and known is not cls and \
+            (known.__module__, known.__qualname__) != (cls.__module__, cls.__qualname__):
+        raise ValueError(f"a part named {cls.name!r} is already registered ({known.__module__}.{known.__qualname__}): "
+                         "give the new part another name")
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def part_class(name: str) -> type[Part]:
+    """The :class:`Part` subclass registered under ``name`` (the built-in parts and those of
+    :func:`register_part`)."""
+    if name in _BUILTIN and name not in _REGISTRY:
+        importlib.import_module(f"{__package__}.{_BUILTIN[name]}")
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown part {name!r}: choose one of {registered_parts()} (a part of your own: decorate "
+                         "its class with trl_variants.register_part, or give an instance)")
+    return _REGISTRY[name]
+
+
+def registered_parts() -> list[str]:
+    """The names :func:`part_class` knows: the built-in parts, then those of :func:`register_part`."""
+    return [*_BUILTIN, *(name for name in _REGISTRY if name not in _BUILTIN)]
+
+
 class PartsTrainer(CheckpointStateMixin, ModelCardMixin, FiniteTrainingMixin, OfflinePassLogMixin, EvalDatasetMixin,
                    GRPOTrainer):
-    """``GRPOTrainer`` plus a list of :class:`Part`. Takes exactly GRPOTrainer's arguments. A subclass sets
-    ``_config_class`` / ``_config_suffix`` and builds its parts from the config in :meth:`make_parts`."""
+    """``GRPOTrainer`` plus a list of :class:`Part`. Takes exactly GRPOTrainer's arguments. A subclass builds its
+    parts from the config in :meth:`make_parts`; ``_config_class`` is the config class ``args`` must be an instance
+    of (default :class:`~trl.GRPOConfig`: any GRPO-family config here), ``_config_suffix`` names the default
+    output directory when ``args`` is None."""
 
-    _config_class = None
+    _config_class = GRPOConfig
     _config_suffix = "GRPO"
 
     def make_parts(self, args) -> list[Part]:
@@ -154,9 +226,12 @@ class PartsTrainer(CheckpointStateMixin, ModelCardMixin, FiniteTrainingMixin, Of
 
     def __init__(self, model, reward_funcs=None, args=None, train_dataset=None, eval_dataset=None, **kwargs):
         name = type(self).__name__
-        args = resolve_config(model, args, self._config_class, self._config_suffix)
+        args = resolve_config(model, args, self._config_class or GRPOConfig, self._config_suffix)
         check_train_dataset(train_dataset, name)  # before GRPOTrainer loads the model
-        self.parts = self.make_parts(args)
+        self.parts = list(self.make_parts(args))
+        for part in self.parts:
+            if not isinstance(part, Part):
+                raise TypeError(f"{name}.make_parts returned {part!r}, not a trl_variants.Part instance")
         if getattr(args, "dynamic_sampling", False) and not any(p.fills_batch for p in self.parts):
             # every GRPO-family config here has the field (dapo/config.py); imported here: dapo imports this module
             from .dapo.part import DynamicSampling
@@ -166,6 +241,16 @@ class PartsTrainer(CheckpointStateMixin, ModelCardMixin, FiniteTrainingMixin, Of
             owners = [p.name for p in self.parts if getattr(p, flag)]
             if len(owners) > 1:
                 raise ValueError(f"parts {owners[0]!r} and {owners[1]!r} each {what}: use one of them")
+        names = [p.name for p in self.parts]
+        if len(set(names)) != len(names):
+            raise ValueError(f"{name}: two parts are named {next(n for n in names if names.count(n) > 1)!r} (a part's "
+                             "name keys its metrics and checkpoint state): give each part its own name")
+        providers: dict = {}
+        for part in self.parts:
+            for need, provide in part.needs.items():
+                if providers.setdefault(need, provide) is not provide:
+                    raise ValueError(f"{name}: two parts need {need!r} from different functions: one name, one "
+                                     "provider (share it, or name the quantity differently)")
         for part in self.parts:
             part.check(name, args, train_dataset, kwargs)
         check_reward_columns_before_load(reward_funcs, train_dataset, name)
@@ -334,17 +419,37 @@ class PartsTrainer(CheckpointStateMixin, ModelCardMixin, FiniteTrainingMixin, Of
             compute_entropy=entropy)
         return logps, ent, attn[:, P:].to(device)
 
-    def _global_token_mean(self, values, mask):
-        """This process's share of the token mean of ``values`` over the global batch: ``sum_local / (N / P)`` with
-        ``N`` the unmasked tokens of all processes. Averaged over processes (as DDP averages gradients) it is the
-        token mean of the whole batch, whatever the number of processes and however the tokens are spread."""
+    def global_token_mean(self, values, mask):
+        """For a loss term: this process's share of the token mean of ``values`` over the global batch,
+        ``sum_local / (N / P)`` with ``N`` the unmasked entries of all processes and ``P`` the processes. Averaged over
+        processes (as DDP averages gradients) it is the mean over the whole batch, whatever the number of processes
+        and however the entries are spread; differentiable in ``values``. ``mask``: 0/1, the shape of ``values``
+        (a row mean: per-row values and a mask of ones). Every process must call it (it gathers)."""
         n_tokens = self.accelerator.gather(mask.sum().detach().reshape(1)).sum().clamp(min=1.0)
         return (values * mask).sum() * self.accelerator.num_processes / n_tokens
 
-    def _global_mean(self, values, mask) -> float:
-        """The mean of ``values`` over the unmasked entries of every process."""
+    def global_mean(self, values, mask=None) -> float:
+        """For a metric or a decision every process must share: the mean of ``values`` over the unmasked entries
+        (all entries when ``mask`` is None) of every process, a float, the same on every process (no gradient).
+        Every process must call it (it reduces)."""
+        values = values.detach()
+        mask = torch.ones_like(values) if mask is None else mask.detach()
         totals = self.accelerator.reduce(torch.stack([(values * mask).sum(), mask.sum().to(values.dtype)]), "sum")
         return (totals[0] / totals[1].clamp(min=1.0)).item()
+
+    _global_token_mean = global_token_mean  # the names the built-in parts used first
+    _global_mean = global_mean
+
+    @property
+    def mode(self) -> str:
+        """``"train"`` or ``"eval"``: which metrics a hook is writing to now."""
+        return "train" if self.model.training else "eval"
+
+    def log_metric(self, name: str, value: float) -> None:
+        """Record ``value`` under ``name`` for the next log of the current mode (``eval_`` prefixed in evaluation);
+        the logged number is the mean of the values recorded since the last log. Only the main process's values
+        are logged: give a value that is the same on every process (e.g. :meth:`global_mean`)."""
+        self._metrics[self.mode][name].append(float(value))
 
     def _sync_vllm(self):
         """Push the current weights into the vLLM engine (a part that edits the weights for a rollout)."""

@@ -29,13 +29,13 @@ def _apo(tmp_path, cache, lazy, dataset=None, peft_config=None, **kw):
 
 def _count_shards(monkeypatch):
     calls = []
-    process = ps._process_shard
+    process = ps.sample_shard
 
     def counted(rows, prompt_ids, row_indices, shard_index, *a, **k):
         calls.append(shard_index)
         return process(rows, prompt_ids, row_indices, shard_index, *a, **k)
 
-    monkeypatch.setattr(ps, "_process_shard", counted)
+    monkeypatch.setattr(ps, "sample_shard", counted)
     return calls
 
 

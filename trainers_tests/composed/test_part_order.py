@@ -12,6 +12,7 @@ from trl_variants import ComposedConfig, ComposedTrainer, accuracy_reward
 
 from ..erpo.test_trainer import _plain_prompt_logps
 from ..helpers import DEFAULT_MODEL_PATH, fixed_batch, loss_and_grads, small_config, train_dataset
+from .options import options_for
 
 PARTS = ("erpo_query_weights", "erpo_query_kl", "dph_rehearsal", "eepo_two_stage_rollout")
 OPTIONS = dict(num_presamples=2, pef_threshold=2, pef_batch_size=2, divergence="forward_kl", dph_coef=0.5,
@@ -21,7 +22,8 @@ OPTIONS = dict(num_presamples=2, pef_threshold=2, pef_batch_size=2, divergence="
 def _composed(tmp_path, parts, reward_funcs=accuracy_reward, **kw):
     trainer = ComposedTrainer(model=DEFAULT_MODEL_PATH, reward_funcs=reward_funcs,
                               args=small_config(ComposedConfig, tmp_path / "-".join(parts), parts=list(parts),
-                                                presample_cache_dir=str(tmp_path / "cache"), **{**OPTIONS, **kw}),
+                                                **options_for(parts, {**OPTIONS, **kw, "presample_cache_dir":
+                                                                      str(tmp_path / "cache")})),
                               train_dataset=train_dataset(16))
     if "dph_rehearsal" in parts:  # stored reference log-probs 0.3 above the policy's: a D_pef term that is not 0
         trainer.pef_dataset = trainer.pef_dataset.map(

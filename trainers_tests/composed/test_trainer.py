@@ -19,15 +19,16 @@ from ..helpers import (
     small_config,
     train_dataset,
 )
+from .options import options_for
 
 DPH_ARGS = dict(num_presamples=2, pef_threshold=2, pef_batch_size=2, divergence="forward_kl", dph_coef=0.5)
 
 
 def _composed(tmp_path, parts, **kw):
-    kw = {**DPH_ARGS, "query_kl_coef": 0.5, **kw}
+    kw = options_for(parts, {**DPH_ARGS, "query_kl_coef": 0.5, "presample_cache_dir": str(tmp_path / "cache"), **kw})
     return ComposedTrainer(model=DEFAULT_MODEL_PATH, reward_funcs=accuracy_reward,
                            args=small_config(ComposedConfig, tmp_path / "-".join(parts or ["none"]), parts=parts,
-                                             presample_cache_dir=str(tmp_path / "cache"), **kw),
+                                             **kw),
                            train_dataset=train_dataset(16))
 
 
@@ -140,8 +141,8 @@ def test_dynamic_sampling_with_another_part_adds_no_term_and_keeps_a_full_batch_
     def build(parts):
         return ComposedTrainer(model=DEFAULT_MODEL_PATH, reward_funcs=_distinct_accuracy,
                                args=small_config(ComposedConfig, tmp_path / "-".join(parts), parts=parts,
-                                                 presample_cache_dir=str(tmp_path / "cache"),
-                                                 **{**DPH_ARGS, "query_kl_coef": 0.5, **kw}),
+                                                 **options_for(parts, {**DPH_ARGS, "query_kl_coef": 0.5, **kw,
+                                                                       "presample_cache_dir": str(tmp_path / "cache")})),
                                train_dataset=train_dataset(16))
 
     if other == "dph_rehearsal":  # the first construction samples the offline pass (drawing random numbers), later

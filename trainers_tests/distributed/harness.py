@@ -174,6 +174,10 @@ def _config(name: str, world: int, out: Path):
                               num_presamples=4, pef_threshold=4, pef_batch_size=8 // world, divergence="forward_kl",
                               dph_coef=1.0, presample_cache_dir=str(out / "cache"),
                               **dict(common, max_completion_length=40))
+    if name == "custom_part":  # the part of docs/parts.md ("A part of your own"), as the doc writes it, alone
+        from trainers_tests.composed.doc_example import doc_example
+
+        return ComposedConfig(num_generations=4, parts=[doc_example()["SelfImitation"](coef=1.0)], **common)
     if name == "dapo_stream":  # dynamic sampling alone, on a streaming dataset: the refill reads the stream itself
         return ComposedConfig(num_generations=4, parts=["dapo_dynamic_sampling"], dynamic_sampling_max_rounds=3,
                               **common)
@@ -223,7 +227,7 @@ def main(name: str, out: str) -> None:
     _per_row_generate()
     if name == "apo_lazy":
         _phase_per_shard()
-    trainer_cls = method_classes({"composed_ds": "composed", "dapo_stream": "composed",
+    trainer_cls = method_classes({"composed_ds": "composed", "dapo_stream": "composed", "custom_part": "composed",
                                   "apo_lazy": "apo"}.get(name, name))[0]
     args = _config(name, world, out)
     process_type = PartialState().distributed_type

@@ -1,7 +1,7 @@
 """Every YAML under ``configs/`` as the examples read it: no model, no dataset, no network.
 
 A training recipe (``configs/<algorithm>/*.yaml``) must parse with the examples' own parser
-(``trl_variants.scripts.parse_args``: TrlParser over the script arguments, the trainer's config and ModelConfig) into
+(``trl_variants.training.parse_args``: TrlParser over the script arguments, the trainer's config and ModelConfig) into
 the trainer's config, and its batch arithmetic must give the numbers its header states for the process count the
 header names. The header convention, one ``# key: integer`` line each in the leading comment block (text may follow
 the number)::
@@ -84,7 +84,7 @@ def bf16_anywhere(monkeypatch):
 def parse_recipe(path: Path, algorithm: str | None = None):
     """``(script_args, training_args, model_args)`` exactly as ``examples/train_<algorithm>.py`` parses them."""
     import trl_variants
-    from trl_variants.scripts import parse_args
+    from trl_variants.training import parse_args
 
     config_cls = getattr(trl_variants, CONFIG_CLASSES[algorithm or path.parent.name])
     return parse_args(config_cls, argv=["--config", str(path)])

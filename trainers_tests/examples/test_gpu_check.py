@@ -33,8 +33,9 @@ def test_dry_run_lists_every_step_within_the_budget():
 
 
 def test_dry_run_commands_parse(tmp_path):
+    from trl_variants.recipe_catalog import default_recipe
     from trl_variants.registry import method_classes
-    from trl_variants.scripts import default_recipe, parse_args
+    from trl_variants.training import parse_args
 
     for name, _, cmd in _dry_run("--out", str(tmp_path)):
         argv = shlex.split(cmd)
@@ -50,7 +51,7 @@ def test_dry_run_commands_parse(tmp_path):
             assert training_args.bf16, name
             assert training_args.output_dir.startswith(str(tmp_path)), name
         elif name == "evaluate":
-            from trl_variants.cli import parse_evaluate_args
+            from trl_variants.cli.evaluate_command import parse_evaluate_args
 
             assert argv[1:4] == ["-m", "trl_variants", "evaluate"]
             script_args, config = parse_evaluate_args(argv[4:])
@@ -79,7 +80,7 @@ def test_the_training_command_says_where_it_runs(tmp_path, monkeypatch):
     import torch
 
     from trl_variants import ERPOConfig
-    from trl_variants.scripts import where_it_runs
+    from trl_variants.training import where_it_runs
 
     args = ERPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to="none")
     assert where_it_runs(args) == "training on cpu, 1 process, fp32 compute"

@@ -20,8 +20,10 @@ from trainers_tests.helpers import (
     tiny_reward_model,
     train_dataset,
 )
-from trl_variants import scripts
+from trl_variants.data import get_reward_funcs, load_datasets, loading
 from trl_variants.default import load_default_dataset
+from trl_variants.rewards import REWARD_FUNCS
+from trl_variants.training import TrainScriptArguments, parse_args, run_training, trainer_kwargs
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICK = ["--max_steps", "2", "--embedded_train_size", "16", "--per_device_train_batch_size", "4",
@@ -49,15 +51,15 @@ def nothing_loads(monkeypatch):
 
     for cls in (transformers.AutoModelForCausalLM, transformers.AutoModelForSequenceClassification):
         monkeypatch.setattr(cls, "from_pretrained", fail)
-    monkeypatch.setattr(scripts, "load_default_dataset", fail)
+    monkeypatch.setattr(loading, "load_default_dataset", fail)
     monkeypatch.setattr(datasets, "load_dataset", fail)
 
 
 def kwargs_for(argv, method="erpo"):
     """The trainer keyword arguments ``examples/train_<method>.py`` builds for ``argv`` (tiny YAML defaults)."""
     _, config_cls = TRAINERS[method]
-    parsed = scripts.parse_args(config_cls, ROOT / "configs" / method / "tiny_cpu.yaml", argv)
-    return scripts.trainer_kwargs(*parsed)
+    parsed = parse_args(config_cls, ROOT / "configs" / method / "tiny_cpu.yaml", argv)
+    return trainer_kwargs(*parsed)
 
 
 # ------------------------------------------------------------------------------------------ every flag ---
@@ -65,7 +67,7 @@ def kwargs_for(argv, method="erpo"):
 def test_every_flag_of_trls_grpo_script_is_an_option_of_the_example(method):
     from trl import ModelConfig
 
-    ours = {f.name for cls in (scripts.TrainScriptArguments, TRAINERS[method][1], ModelConfig)
+    ours = {f.name for cls in (TrainScriptArguments, TRAINERS[method][1], ModelConfig)
             for f in dataclasses.fields(cls)}
     missing = sorted(set(trl_grpo_flags()) - ours)
     assert not missing, f"examples/train_{method}.py does not accept TRL grpo.py's flags {missing}"
@@ -105,22 +107,22 @@ def test_unsupported_or_ignored_flags_are_refused_by_name_before_anything_loads(
 def test_an_unknown_flag_is_refused_by_the_parser():
     """TRL's grpo.py parses with fail_with_unknown_args=False (a typo is silently dropped); ours refuses it."""
     with pytest.raises(ValueError, match="--lora_rank"):
-        scripts.parse_args(TRAINERS["erpo"][1], ROOT / "configs" / "erpo" / "tiny_cpu.yaml", ["--lora_rank", "8"])
+        parse_args(TRAINERS["erpo"][1], ROOT / "configs" / "erpo" / "tiny_cpu.yaml", ["--lora_rank", "8"])
 
 
 def test_reward_funcs_default_is_accuracy_reward_unless_a_reward_model_scores():
-    assert scripts.TrainScriptArguments().reward_funcs == ["accuracy_reward"]
-    assert scripts.TrainScriptArguments(reward_model_name_or_path="org/rm").reward_funcs == []  # as TRL's grpo.py
-    assert scripts.TrainScriptArguments(reward_model_name_or_path="org/rm",
+    assert TrainScriptArguments().reward_funcs == ["accuracy_reward"]
+    assert TrainScriptArguments(reward_model_name_or_path="org/rm").reward_funcs == []  # as TRL's grpo.py
+    assert TrainScriptArguments(reward_model_name_or_path="org/rm",
                                         reward_funcs=["format_reward"]).reward_funcs == ["format_reward"]
 
 
 def test_trl_registry_reward_names_resolve_to_trl_rewards():
     import trl.rewards
 
-    funcs = scripts.get_reward_funcs(["accuracy_reward", "reasoning_accuracy_reward", "think_format_reward",
+    funcs = get_reward_funcs(["accuracy_reward", "reasoning_accuracy_reward", "think_format_reward",
                                       "get_soft_overlong_punishment"])
-    assert funcs[0] is scripts.REWARD_FUNCS["accuracy_reward"]  # ours (time-bounded math-verify)
+    assert funcs[0] is REWARD_FUNCS["accuracy_reward"]  # ours (time-bounded math-verify)
     assert funcs[1] is trl.rewards.reasoning_accuracy_reward and funcs[2] is trl.rewards.think_format_reward
     # TRL's grpo.py registers the punishment with max_completion_len=1280, soft_punish_cache=256
     overlong = funcs[3]
@@ -211,9 +213,9 @@ def test_mixture_from_yaml_with_fractions_columns_and_test_split(tmp_path):
                   test_split_size=0.25, eval_strategy="steps", eval_steps=1, output_dir=str(tmp_path / "out"))
     path = tmp_path / "mixture.yaml"
     path.write_text(yaml.safe_dump(config))
-    script_args, training_args, _ = scripts.parse_args(TRAINERS["erpo"][1], argv=["--config", str(path)])
+    script_args, training_args, _ = parse_args(TRAINERS["erpo"][1], argv=["--config", str(path)])
     assert [d.fraction for d in script_args.datasets] == [0.25, 0.75]
-    train, test = scripts.load_datasets(script_args, training_args)
+    train, test = load_datasets(script_args, training_args)
     # TRL's fractions: the largest mixture without oversampling, 12 / 0.25 = 48 rows: 12 of a and 36 of b
     assert len(train) + len(test) == 48 and len(test) == 12
     assert set(train.column_names) == {"prompt", "solution"}
@@ -226,9 +228,9 @@ def test_mixture_from_yaml_with_fractions_columns_and_test_split(tmp_path):
 def test_mixture_from_the_command_line_concatenates_in_order(tmp_path):
     a = _write_json_dataset(tmp_path / "a", seed=1, n=5, extra="x")
     b = _write_json_dataset(tmp_path / "b", seed=2, n=7, extra="x")
-    script_args, training_args, _ = scripts.parse_args(
+    script_args, training_args, _ = parse_args(
         TRAINERS["eepo"][1], ROOT / "configs" / "eepo" / "tiny_cpu.yaml", ["--datasets", str(a), str(b)])
-    train, test = scripts.load_datasets(script_args, training_args)
+    train, test = load_datasets(script_args, training_args)
     assert test is None and len(train) == 12
     want = [*load_default_dataset(n_train=5, n_test=1, seed=1)["train"]["solution"],
             *load_default_dataset(n_train=7, n_test=1, seed=2)["train"]["solution"]]
@@ -292,7 +294,7 @@ def test_reward_model_flag_trains_apo_through_the_example(reward_model_path, tmp
     argv = [*QUICK, "--output_dir", str(tmp_path / "out"), "--reward_model_name_or_path", reward_model_path,
             "--num_value_samples", "2", "--check_binary_rewards", "false", "--presample_cache_dir",
             str(tmp_path / "cache"), "--learning_rate", "1e-2"]
-    trainer = scripts.run_training(APOTrainer, APOConfig, ROOT / "configs" / "apo" / "tiny_cpu.yaml", argv)
+    trainer = run_training(APOTrainer, APOConfig, ROOT / "configs" / "apo" / "tiny_cpu.yaml", argv)
     # the model first, then the YAML's reward_funcs (as TRL's grpo.py orders them)
     assert trainer.reward_func_names == ["tiny-rm", "accuracy_reward"]
     assert isinstance(trainer.reward_funcs[0], torch.nn.Module)

@@ -11,8 +11,9 @@ from datasets import Dataset
 from transformers import AutoTokenizer
 
 from trainers_tests.helpers import DEFAULT_MODEL_PATH
-from trl_variants import scripts
+from trl_variants.data import load_datasets, prepare_columns
 from trl_variants.generation import tokenize_prompts
+from trl_variants.training import TrainScriptArguments, parse_args, trainer_kwargs
 
 ROOT = Path(__file__).resolve().parents[2]
 BOXED = "Please reason step by step, and put your final answer within \\boxed{}."
@@ -22,8 +23,8 @@ DAPO = ("Solve the following math problem step by step. The last line of your re
         "answer on its own line after \"Answer:\".")
 
 
-def _args(**kw) -> scripts.TrainScriptArguments:
-    return scripts.TrainScriptArguments(**kw)
+def _args(**kw) -> TrainScriptArguments:
+    return TrainScriptArguments(**kw)
 
 
 def _ds(prompts, **columns):
@@ -45,8 +46,8 @@ def test_auto_keeps_the_old_behaviour():
     """A string `prompt` column with no templating option stays plain text; any other column becomes one user
     message with the suffix (as before these options existed)."""
     ds = _ds(["What is 1+0?"], problem=["What is 2-1?"])
-    assert scripts._prepare_columns(ds, _args(), "d")["prompt"] == ["What is 1+0?"]
-    wrapped = scripts._prepare_columns(ds, _args(prompt_column="problem", prompt_suffix=" Go."), "d")
+    assert prepare_columns(ds, _args(), "d")["prompt"] == ["What is 1+0?"]
+    wrapped = prepare_columns(ds, _args(prompt_column="problem", prompt_suffix=" Go."), "d")
     assert wrapped["prompt"] == [[{"role": "user", "content": "What is 2-1? Go."}]]
 
 
@@ -56,7 +57,7 @@ def test_string_prompt_column_retemplated_with_system_prompt_and_regex():
     problem = "Find $x$ if\n\n$2x = 4$."  # a blank line inside the problem survives (DOTALL, lazy group)
     args = _recipe_args("configs/dph/qwen2.5-math-7b.yaml")
     assert (args.prompt_column, args.prompt_format, args.system_prompt) == ("prompt", "chat", BOXED)
-    out = scripts._prepare_columns(_ds([DAPO.format(problem), DAPO.format("1+1?")]), args, "dapo")
+    out = prepare_columns(_ds([DAPO.format(problem), DAPO.format("1+1?")]), args, "dapo")
     assert out["prompt"] == [[{"role": "system", "content": BOXED}, {"role": "user", "content": problem}],
                              [{"role": "system", "content": BOXED}, {"role": "user", "content": "1+1?"}]]
     assert "Answer:" not in str(out["prompt"])
@@ -64,9 +65,9 @@ def test_string_prompt_column_retemplated_with_system_prompt_and_regex():
 
 def test_regex_that_misses_a_row_is_an_error():
     args = _args(prompt_regex=r"Q: (.*)")
-    assert scripts._prepare_columns(_ds(["Q: 2+2"]), args, "d")["prompt"] == [[{"role": "user", "content": "2+2"}]]
+    assert prepare_columns(_ds(["Q: 2+2"]), args, "d")["prompt"] == [[{"role": "user", "content": "2+2"}]]
     with pytest.raises(ValueError, match=r"--prompt_regex does not match 1 of 2 rows .* row 1"):
-        scripts._prepare_columns(_ds(["Q: 2+2", "2+3"]), args, "d")
+        prepare_columns(_ds(["Q: 2+2", "2+3"]), args, "d")
 
 
 def test_plain_format_feeds_text_without_the_chat_template():
@@ -74,7 +75,7 @@ def test_plain_format_feeds_text_without_the_chat_template():
     (``processing_class(text=prompts)``: no chat template) and the offline passes too (tokenize_prompts)."""
     args = _recipe_args("configs/apo/qwen2.5-7B.yaml")
     assert (args.prompt_format, args.filter_prompt_length) == ("plain", 256)
-    out = scripts._prepare_columns(_ds(["x"], problem=["What is 2+2?"]), args, "math")
+    out = prepare_columns(_ds(["x"], problem=["What is 2+2?"]), args, "math")
     text = "What is 2+2? Let's think step by step and output the final answer within \\boxed{}."
     assert out["prompt"] == [text]
     tok = AutoTokenizer.from_pretrained(DEFAULT_MODEL_PATH)
@@ -86,10 +87,10 @@ def test_plain_format_feeds_text_without_the_chat_template():
 
 def test_conversational_column_gets_the_system_prompt_once():
     chats = [[{"role": "user", "content": "a"}], [{"role": "system", "content": "own"}, {"role": "user", "content": "b"}]]
-    out = scripts._prepare_columns(_ds(chats), _args(system_prompt="S"), "d")
+    out = prepare_columns(_ds(chats), _args(system_prompt="S"), "d")
     assert out["prompt"] == [[{"role": "system", "content": "S"}, {"role": "user", "content": "a"}], chats[1]]
     with pytest.raises(ValueError, match="already conversational"):
-        scripts._prepare_columns(_ds(chats), _args(prompt_suffix=" more"), "d")
+        prepare_columns(_ds(chats), _args(prompt_suffix=" more"), "d")
 
 
 @pytest.mark.parametrize(("kw", "match"), [
@@ -117,12 +118,12 @@ def test_filter_prompt_length_drops_and_counts(tmp_path, capsys):
             str(limit), "--output_dir", str(tmp_path / "out"), "--report_to", "none", "--use_cpu", "true"]
     from trl_variants import ERPOConfig
 
-    script_args, training_args, model_args = scripts.parse_args(ERPOConfig, argv=argv)
-    kwargs = scripts.trainer_kwargs(script_args, training_args, model_args)
+    script_args, training_args, model_args = parse_args(ERPOConfig, argv=argv)
+    kwargs = trainer_kwargs(script_args, training_args, model_args)
     assert [p[0]["content"] for p in kwargs["train_dataset"]["prompt"]] == [prompts[0], prompts[1], prompts[3]]
     assert f"dropped 1 of 4 train prompts longer than {limit} tokens, 3 left" in capsys.readouterr().out
     script_args.filter_prompt_length = min(lengths) - 1
     with pytest.raises(ValueError, match="left no train prompts"):
-        scripts.load_datasets(script_args, training_args, tok)
+        load_datasets(script_args, training_args, tok)
     with pytest.raises(ValueError, match="--filter_prompt_length counts prompt tokens with the model's tokenizer"):
-        scripts.load_datasets(script_args, training_args)  # a caller that forgot the tokenizer
+        load_datasets(script_args, training_args)  # a caller that forgot the tokenizer

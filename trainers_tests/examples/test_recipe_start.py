@@ -1,6 +1,6 @@
 """From a paper recipe to a run that starts: the training entry point's checks before anything loads.
 
-* the preflight (``trl_variants.scripts.check_prerequisites``) lists, in one message, every extra, login and Hub
+* the preflight (``trl_variants.training.check_prerequisites``) lists, in one message, every extra, login and Hub
   setting a run needs and this machine lacks, and refuses an untouched paper recipe (its ``hub_model_id`` is a
   placeholder) before any data or model loads;
 * every paper recipe's header has a ``# smoke:`` command (a small model, two steps, one GPU, nothing pushed or
@@ -57,13 +57,13 @@ def nothing_loads(monkeypatch):
     """Fail loudly if a model or a dataset starts loading."""
     import transformers
 
-    import trl_variants.scripts
+    import trl_variants.training.run
 
     def fail(*args, **kwargs):
         raise Loaded("a model or the data started loading")
 
     monkeypatch.setattr(transformers.PreTrainedModel, "from_pretrained", classmethod(fail))
-    monkeypatch.setattr(trl_variants.scripts, "load_datasets", fail)
+    monkeypatch.setattr(trl_variants.training.run, "load_datasets", fail)
 
 
 @pytest.fixture
@@ -102,13 +102,9 @@ def flag(argv: list[str], name: str) -> str:
 @pytest.mark.usefixtures("bf16_anywhere", "bare_machine")
 def test_smoke_command_is_small_and_passes_the_preflight(path):
     import trl_variants
-    from trl_variants.scripts import (
-        num_processes,
-        parse_args,
-        prerequisite_problems,
-        recipe_batch,
-        resolve_recipe,
-    )
+    from trl_variants.recipe_catalog import resolve_recipe
+    from trl_variants.training import parse_args, prerequisite_problems, recipe_batch
+    from trl_variants.training.batch import num_processes
 
     argv = smoke_argv(path)
     for name, value in [("--max_steps", "2"), ("--push_to_hub", "false"), ("--report_to", "none"),
@@ -167,7 +163,7 @@ def test_preflight_lists_every_missing_extra_and_login(monkeypatch, tmp_path, ba
     import importlib.util
     from types import SimpleNamespace
 
-    from trl_variants.scripts import prerequisite_problems
+    from trl_variants.training import prerequisite_problems
 
     find_spec = importlib.util.find_spec
     missing = {"vllm", "deepspeed", "wandb"}
@@ -228,7 +224,7 @@ def _apply(path: Path, flags: list[str], tmp_path: Path) -> Path:
 @pytest.mark.usefixtures("bf16_anywhere")
 def test_a_recipe_keeps_its_global_batch_on_1_2_and_4_processes(path, processes, tmp_path):
     import trl_variants
-    from trl_variants.scripts import recipe_batch
+    from trl_variants.training import recipe_batch
 
     header = read_header(path)
     flags, note = recipe_batch(path, [], processes, getattr(trl_variants, CONFIG_CLASSES[path.parent.name]))
@@ -243,7 +239,7 @@ def test_a_recipe_keeps_its_global_batch_on_1_2_and_4_processes(path, processes,
 
 @pytest.mark.parametrize("path", PAPER_RECIPES, ids=_rel)
 def test_a_process_count_that_cannot_keep_the_batch_is_refused_with_the_arithmetic(path):
-    from trl_variants.scripts import recipe_batch
+    from trl_variants.training import recipe_batch
 
     for processes in (3, 7):  # 7: one node of 8 GPUs, one of them serving vLLM
         with pytest.raises(ValueError) as err:
@@ -255,7 +251,8 @@ def test_a_process_count_that_cannot_keep_the_batch_is_refused_with_the_arithmet
 
 
 def test_own_batch_flags_or_keep_recipe_batch_false_turn_the_rescale_off(tmp_path):
-    from trl_variants.scripts import RECIPES_DIR, recipe_batch
+    from trl_variants.recipe_catalog import RECIPES_DIR
+    from trl_variants.training import recipe_batch
 
     erpo = RECIPES_DIR / "erpo" / "qwen2.5-math-7b.yaml"
     assert recipe_batch(erpo, [], 8) == ([], "")  # the recipe's own count
@@ -273,7 +270,8 @@ def test_own_batch_flags_or_keep_recipe_batch_false_turn_the_rescale_off(tmp_pat
 
 def test_the_slurm_launchers_flags_are_not_rescaled_again():
     """slurm_train.sh rescales on the command line; the trainer then sees batch flags and leaves them alone."""
-    from trl_variants.scripts import RECIPES_DIR, recipe_batch
+    from trl_variants.recipe_catalog import RECIPES_DIR
+    from trl_variants.training import recipe_batch
 
     erpo = RECIPES_DIR / "erpo" / "qwen2.5-math-7b.yaml"
     slurm = ["--gradient_accumulation_steps", "16", "--steps_per_generation", "64"]  # test_multinode's 16 processes
@@ -433,8 +431,9 @@ def test_resume_true_is_checked_at_construction_before_the_model_loads(tmp_path,
 def test_the_tiny_recipes_keep_their_global_batch_on_several_processes(method):
     """`accelerate launch` of a tiny recipe on N GPUs (or gloo CPU processes): the per-device batch is divided so the
     global batch stays what the recipe documents; a count that cannot keep it is refused with the arithmetic."""
+    from trl_variants.recipe_catalog import default_recipe
     from trl_variants.registry import method_classes
-    from trl_variants.scripts import default_recipe, recipe_batch
+    from trl_variants.training import recipe_batch
 
     config_cls = method_classes(method)[1]
     path = default_recipe(method)

@@ -141,6 +141,6 @@ def test_trainer_checked_reward_is_the_same_cache_entry(tmp_path, prompts, tiny_
         cache_key(tiny_model, tiny_tokenizer, prompts, config, [accuracy_reward], [1.0])
     first = presample(tiny_model, tiny_tokenizer, prompts, accuracy_reward, config)
     _no_generation(monkeypatch)
-    monkeypatch.setattr(runner, "_add_rewards", lambda *a, **k: pytest.fail("re-scored: the cache should answer"))
+    monkeypatch.setattr(runner, "score_shard", lambda *a, **k: pytest.fail("re-scored: the cache should answer"))
     again = presample(tiny_model, tiny_tokenizer, prompts, checked, config)
     assert again["ref_rewards"] == first["ref_rewards"] and again["ref_value"] == first["ref_value"]

@@ -9,7 +9,7 @@ import pytest
 from datasets import Dataset
 from huggingface_hub import DatasetCard, HfApi
 
-from trl_variants.cli import presample_source, push_presampled
+from trl_variants.cli.presample_command import presample_source, push_presampled
 from trl_variants.presample import PresampleConfig, dataset_card
 from trl_variants.presample.card import CARD_MARKER
 from trl_variants.presample.metadata import presample_metadata, with_metadata
@@ -94,7 +94,7 @@ def test_push_refuses_to_replace_a_user_readme(hub):
 
 
 def test_presample_cli_card_names_source_and_rewards(tmp_path):
-    from trl_variants.cli import presample_main
+    from trl_variants.cli.presample_command import presample_main
 
     out = tmp_path / "out"
     presample_main(["--num_samples", "1", "--max_completion_length", "4", "--embedded_train_size", "2",

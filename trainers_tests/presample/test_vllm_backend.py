@@ -232,7 +232,7 @@ def test_use_vllm_flag_and_refusals(tmp_path, prompts, tiny_model, tiny_tokenize
     monkeypatch.setattr(vllm_backend, "vllm_usable", lambda: False)  # as on this machine, also where vllm runs
     with pytest.raises(RuntimeError, match="needs the vllm package and a CUDA GPU"):
         presample("/nonexistent/model", None, prompts, accuracy_reward, PresampleConfig(use_vllm=True))
-    from trl_variants.cli import presample_main
+    from trl_variants.cli.presample_command import presample_main
 
     with pytest.raises(RuntimeError, match=r"pip install 'trl-variants\[vllm\]'"):  # before the data loads
         presample_main(["--use_vllm", "--num_samples", "2", "--dataset_name", "/nonexistent/data"])

@@ -108,43 +108,43 @@ def test_model_reference_accepts_the_default():
 
 
 def test_evaluate_cli_checks_every_model_before_evaluating(tmp_path, monkeypatch, no_model_load):
-    from trl_variants import cli
+    from trl_variants.cli import evaluate_command
 
     def no_eval(*args, **kwargs):
         raise ModelLoaded("an evaluation started before all model paths were checked")
 
-    monkeypatch.setattr("trl_variants.evaluate.evaluate", no_eval)
-    monkeypatch.setattr(cli, "load_eval_dataset", no_eval)
+    monkeypatch.setattr("trl_variants.evaluation.evaluate", no_eval)
+    monkeypatch.setattr(evaluate_command, "load_eval_dataset", no_eval)
     argv = ["--base_model", DEFAULT_MODEL_PATH, "--models", DEFAULT_MODEL_PATH, str(tmp_path / "typo"),
             "--output_dir", str(tmp_path / "eval")]
     with pytest.raises(ValueError, match=r"--models '.*typo' does not exist"):
-        cli.evaluate_main(argv)
+        evaluate_command.evaluate_main(argv)
     with pytest.raises(ValueError, match=r"--reference_model '.*nope' does not exist"):
-        cli.evaluate_main(argv[:4] + ["--reference_model", str(tmp_path / "nope")])
+        evaluate_command.evaluate_main(argv[:4] + ["--reference_model", str(tmp_path / "nope")])
 
 
 def test_presample_cli_checks_the_model_path(tmp_path, monkeypatch, no_model_load):
-    from trl_variants import cli
+    from trl_variants.cli import presample_command
 
     def no_data(*args, **kwargs):
         raise ModelLoaded("the dataset was loaded before the model path was checked")
 
-    monkeypatch.setattr(cli, "load_datasets", no_data)
+    monkeypatch.setattr(presample_command, "load_datasets", no_data)
     with pytest.raises(ValueError, match=r"--model_name_or_path '\./typo-model' does not exist"):
-        cli.presample_main(["--model_name_or_path", "./typo-model", "--output_dir", str(tmp_path / "out")])
+        presample_command.presample_main(["--model_name_or_path", "./typo-model", "--output_dir", str(tmp_path / "out")])
 
 
 def test_training_script_checks_the_model_path(tmp_path, monkeypatch, no_model_load):
-    from trl_variants import scripts
+    from trl_variants.training import run
 
     def no_data(*args, **kwargs):
         raise ModelLoaded("the dataset was loaded before the model path was checked")
 
-    monkeypatch.setattr(scripts, "load_datasets", no_data)
+    monkeypatch.setattr(run, "load_datasets", no_data)
     argv = ["--model_name_or_path", "./typo-model", "--output_dir", str(tmp_path), "--use_cpu", "true",
             "--report_to", "none", "--max_steps", "1"]
     with pytest.raises(ValueError, match=r"--model_name_or_path '\./typo-model' does not exist"):
-        scripts.run_training(ERPOTrainer, ERPOConfig, None, argv=argv)
+        run.run_training(ERPOTrainer, ERPOConfig, None, argv=argv)
 
 
 # ------------------------------------------------------------------------------ item 9: the datasets ---
@@ -185,7 +185,8 @@ def test_prompt_of_wrong_type_refused(tmp_path, no_model_load):
 
 
 def test_none_solution_refused_at_dataset_load(tmp_path):
-    from trl_variants.scripts import TrainScriptArguments, load_datasets
+    from trl_variants.data import load_datasets
+    from trl_variants.training import TrainScriptArguments
 
     path = tmp_path / "data"
     Dataset.from_dict({"prompt": ["What is 2 + 3?"] * 3, "solution": ["5", None, None]}).save_to_disk(str(path))

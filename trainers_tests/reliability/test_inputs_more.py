@@ -10,7 +10,8 @@ from transformers import PreTrainedModel
 
 from trainers_tests.helpers import small_config, train_dataset
 from trl_variants import cli
-from trl_variants.scripts import check_prerequisites, parse_args
+from trl_variants.cli.evaluate_command import parse_evaluate_args
+from trl_variants.training import check_prerequisites, model_path, parse_args
 
 
 @pytest.fixture
@@ -27,7 +28,7 @@ def test_a_yaml_list_option_with_one_value_is_a_one_item_list(tmp_path):
     script_args, training_args, _ = parse_args(ComposedConfig, argv=["--config", str(recipe)])
     assert training_args.parts == ["erpo_query_kl"] and script_args.reward_funcs == ["accuracy_reward"]
     (tmp_path / "e.yaml").write_text("temperatures: 1.0\nreward_funcs: accuracy_reward\n")
-    script_args, config = cli.parse_evaluate_args(["--config", str(tmp_path / "e.yaml")])
+    script_args, config = parse_evaluate_args(["--config", str(tmp_path / "e.yaml")])
     assert config.temperatures == [1.0] and script_args.reward_funcs == ["accuracy_reward"]
 
 
@@ -66,7 +67,7 @@ def test_a_resume_with_other_settings_given_to_train_is_refused_before_any_forwa
     kw = dict(per_device_train_batch_size=4, num_generations=2, max_steps=1, max_completion_length=8)
     ckpt = written_checkpoint(tmp_path / "checkpoint-1", "EEPOTrainer",
                               small_config(EEPOConfig, tmp_path, learning_rate=1e-3, **kw))
-    trainer = EEPOTrainer(model=cli.model_path("tiny"), reward_funcs=accuracy_reward,
+    trainer = EEPOTrainer(model=model_path("tiny"), reward_funcs=accuracy_reward,
                           args=small_config(EEPOConfig, tmp_path, learning_rate=2e-3, **kw),
                           train_dataset=train_dataset(8))
     trainer.model.forward = lambda *a, **k: pytest.fail("a forward ran before the checkpoint was checked")

@@ -7,7 +7,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from trl import GRPOConfig
 
 from .._numerics import GuardedConfig
-from .._validation import check_common
+from .._validation import check_cache_dir, check_common
 
 _NO_RATIO = "the regression has no importance ratio: samples (vLLM's included) enter it as they are"
 _NO_SURROGATE = "A*-PO's loss is its least-squares regression, not one of GRPO's surrogate losses"
@@ -127,6 +127,7 @@ class APOConfig(GuardedConfig):
     def __post_init__(self):
         check_common(self)  # options TRL accepts but that fail after the model load
         check_unused_grpo_options(self)
+        check_cache_dir(self.presample_cache_dir, "APOConfig", "presample_cache_dir")
         if self.num_generations is None or self.num_generations < 1:
             raise ValueError(f"num_generations must be >= 1 (A*-PO samples one completion per prompt), got "
                              f"{self.num_generations}")

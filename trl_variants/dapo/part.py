@@ -25,7 +25,7 @@ import torch
 from accelerate.utils import gather_object
 from datasets import IterableDataset
 
-from ..parts import Part
+from ..parts import Part, register_part
 from ..presample.metadata import CORRECT_AT
 
 logger = logging.getLogger(__name__)
@@ -112,6 +112,7 @@ class RefillStream:
         return out
 
 
+@register_part
 class DynamicSampling(Part):
     """DAPO's dynamic sampling (this module's docstring). Usable with every GRPO-family trainer here (field
     ``dynamic_sampling`` of its config) and with plain GRPO (``ComposedConfig(parts=["dapo_dynamic_sampling"])``)."""

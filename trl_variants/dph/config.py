@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .._validation import check_common
+from .._validation import check_cache_dir, check_common
 from ..dapo.config import DynamicSamplingConfig
 from ..losses import DIVERGENCES
 
@@ -94,6 +94,11 @@ class DPHConfig(DynamicSamplingConfig):
     def __post_init__(self):
         check_common(self)  # options TRL accepts but that fail after the model load
         super().__post_init__()
+        self._check_dph_options()
+
+    def _check_dph_options(self) -> None:
+        """DPH-RL's own checks (a ComposedConfig runs them when its parts hold dph_rehearsal)."""
+        check_cache_dir(self.presample_cache_dir, type(self).__name__, "presample_cache_dir")
         if self.divergence not in DIVERGENCES:
             raise ValueError(f"divergence must be one of {DIVERGENCES}, got {self.divergence!r}")
         if self.divergence == "alpha" and self.divergence_alpha in (0.0, 1.0):

@@ -34,7 +34,7 @@ from .._offline import (
 )
 from .._validation import check_presampled_columns, check_stored_columns
 from ..generation import pack_prompt_completion
-from ..parts import LossTerm, Part
+from ..parts import LossTerm, Part, register_part
 from ..presample import PresampleConfig, check_presample_options, presample
 from ..presample.metadata import presample_metadata, summarize
 from ..presample.vllm_backend import trainer_generator
@@ -43,6 +43,7 @@ from .split import dph_split
 PRESAMPLE_COLUMNS = ("ref_rewards", "ref_completion_ids", "ref_completion_logps", "ref_prompt_ids")
 
 
+@register_part
 class Rehearsal(Part):
     """The D_pef rehearsal term (and, in the definition form, App. F's D_exp term). The trainer holds the split:
     ``pef_dataset``, ``split_stats``, the D_exp ``train_dataset``, the D_pef stream position ``_pef_epoch`` /
@@ -56,6 +57,10 @@ class Rehearsal(Part):
     def __init__(self, args):
         self.args = args
         self.definition = args.divergence_form == "definition"
+
+    @classmethod
+    def from_config(cls, args) -> Rehearsal:
+        return cls(args)
 
     def check(self, trainer_name, args, train_dataset, kwargs) -> None:
         if train_dataset is None:
@@ -240,7 +245,7 @@ class Rehearsal(Part):
         terms = {}
         if self.definition:  # + beta1 * KL(pi || M) on D_exp rollouts (App. F)
             _, policy_side = losses.js_definition_terms(forward.completion_logps - inputs["ref_per_token_logps"])
-            kl = trainer._global_token_mean(policy_side, inputs["completion_mask"])
+            kl = trainer.global_token_mean(policy_side, inputs["completion_mask"])
             metrics["dph/js_exp_term"].append(gather(kl.detach()).mean().item())
             terms["dph_js_exp"] = trainer.js_beta1 * kl
         if mode != "train" or len(trainer.pef_dataset) == 0 or args.dph_coef == 0:
@@ -252,7 +257,7 @@ class Rehearsal(Part):
             f, _ = losses.js_definition_terms(log_u)  # KL(pi_ref || M) on reference samples (eq. 17)
         else:
             f = losses.f_divergence(log_u, args.divergence, args.divergence_alpha)
-        loss_pef = trainer._global_token_mean(f, mask)  # token mean over the global D_pef batch (eq. 6)
+        loss_pef = trainer.global_token_mean(f, mask)  # token mean over the global D_pef batch (eq. 6)
         # eta * L_pef on the D_pef batch; the trainer combines it with L_exp (loss_combination: eq. 7's sum, or
         # weighted by the rows of each batch)
         terms["dph_pef"] = LossTerm(args.dph_coef * loss_pef, batch="dph_pef", rows=ids.size(0))

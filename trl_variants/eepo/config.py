@@ -80,6 +80,10 @@ class EEPOConfig(DynamicSamplingConfig):
     def __post_init__(self):
         check_common(self)  # options TRL accepts but that fail after the model load
         super().__post_init__()
+        self._check_eepo_options()
+
+    def _check_eepo_options(self) -> None:
+        """EEPO's own checks (a ComposedConfig runs them when its parts hold eepo_two_stage_rollout)."""
         if self.entropy_gate not in ("auto", "always", "never"):
             raise ValueError(f"entropy_gate must be 'auto', 'always' or 'never', got {self.entropy_gate!r}")
         check_whole_groups(self.per_device_train_batch_size, self.steps_per_generation, self.num_generations)

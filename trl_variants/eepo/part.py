@@ -32,7 +32,7 @@ from trl.trainer.utils import nanmax, nanmin
 
 from .. import losses
 from .._model import is_peft_model, params_sharded
-from ..parts import Part
+from ..parts import Part, register_part
 from .losses import vllm_importance_sampling_ratio
 
 
@@ -212,6 +212,7 @@ def _separate_forward_reason(trainer) -> str | None:
     return None
 
 
+@register_part
 class TwoStageRollout(Part):
     """The rollout of eq. 4-11. The trainer holds the gate's state ``_entropy_history`` (checkpointed) and, between
     the rollout and its scoring, ``_pending_old_logps`` / ``_pending_stage2``. Metrics: ``eepo/entropy_stage1``,
@@ -277,7 +278,7 @@ class TwoStageRollout(Part):
                 logps1, ent1, mask1 = trainer._score(model, p1, c1, entropy=True)
         else:
             _, ent1, mask1 = read1
-        h_t = trainer._global_mean(ent1.detach(), mask1)
+        h_t = trainer.global_mean(ent1.detach(), mask1)
         trainer._entropy_history.append(h_t)
         h_bar = sum(trainer._entropy_history) / len(trainer._entropy_history)
         unlearn = trainer.args.entropy_gate == "always" or h_bar < trainer.args.entropy_threshold
@@ -339,7 +340,7 @@ class TwoStageRollout(Part):
             n2 = 0
             old2, ent2, mask2 = captured
         metrics["eepo/unlearning_loss"].append(trainer.accelerator.reduce(u.detach(), "sum").item())
-        metrics["eepo/entropy_stage2"].append(trainer._global_mean(ent2, mask2))
+        metrics["eepo/entropy_stage2"].append(trainer.global_mean(ent2, mask2))
         if measure_drop:
             after1 = after[n2:, : mask1.size(1)]
             drop = ((after1 - before1) * mask1).sum(-1)

@@ -65,6 +65,10 @@ class ERPOConfig(DynamicSamplingConfig):
     def __post_init__(self):
         check_common(self)  # options TRL accepts but that fail after the model load
         super().__post_init__()
+        self._check_erpo_options()
+
+    def _check_erpo_options(self) -> None:
+        """ERPO's own checks (a ComposedConfig runs them when one of ERPO's parts is in its parts)."""
         if self.query_weight_source not in ("policy", "reference"):
             raise ValueError(
                 f"query_weight_source must be 'policy' or 'reference', got {self.query_weight_source!r}"

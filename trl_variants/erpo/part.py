@@ -12,6 +12,8 @@ Per step, on top of GRPO:
 
 from __future__ import annotations
 
+from types import MappingProxyType
+
 import torch
 
 from .. import losses
@@ -19,7 +21,7 @@ from .._data import run_on_rows
 from .._model import full_parameters
 from .._offline import check_presampled_model, check_prompt_ids, trainer_prompt_ids
 from .._validation import check_finite_column
-from ..parts import Part
+from ..parts import Part, register_part
 from ..presample import check_presample_options
 from .reference import add_reference_prompt_logps
 
@@ -72,7 +74,7 @@ def _with_reference_prompt_logps(trainer, dataset):
         )
 
 
-REFERENCE_PROMPT_LOGP = {"ref_prompt_logp": provide_reference_prompt_logps}
+REFERENCE_PROMPT_LOGP = MappingProxyType({"ref_prompt_logp": provide_reference_prompt_logps})
 
 
 def _mode(trainer) -> str:
@@ -80,6 +82,7 @@ def _mode(trainer) -> str:
 
 
 # -------------------------------------------------------------------------------- 1. query weights ---
+@register_part
 class QueryWeights(Part):
     """Advantages times ``w_B(s)`` (eq. 8); metrics ``erpo/query_weight/{mean,min,max}``, ``erpo/prompt_logp/mean``."""
 
@@ -87,7 +90,11 @@ class QueryWeights(Part):
 
     def __init__(self, source: str = "policy"):
         self.source = source
-        self.needs = REFERENCE_PROMPT_LOGP if source == "reference" else {}
+        self.needs = REFERENCE_PROMPT_LOGP if source == "reference" else MappingProxyType({})
+
+    @classmethod
+    def from_config(cls, args) -> QueryWeights:
+        return cls(args.query_weight_source)
 
     def after_scoring(self, trainer, inputs, output) -> None:
         weights = self.weights(trainer, inputs, output)
@@ -128,6 +135,7 @@ class QueryWeights(Part):
 
 
 # ---------------------------------------------------------------------------------------- 2. Query-KL ---
+@register_part
 class QueryKL(Part):
     """``+ alpha * mean_s k3(l_ref(s) - l_theta(s))`` (eq. 10-11), the loss term ``erpo_query_kl`` (logged as
     ``loss/erpo_query_kl``); metrics ``erpo/query_kl`` (the mean k3, without alpha), ``erpo/policy_prompt_logp/mean``.
@@ -139,6 +147,10 @@ class QueryKL(Part):
 
     def __init__(self, coef: float, estimator: str = "k3"):
         self.coef, self.estimator = coef, estimator
+
+    @classmethod
+    def from_config(cls, args) -> QueryKL:
+        return cls(args.query_kl_coef, args.query_kl_estimator)
 
     def after_scoring(self, trainer, inputs, output) -> None:
         output["ref_prompt_logps"] = torch.tensor(

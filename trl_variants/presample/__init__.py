@@ -13,7 +13,8 @@ every option that changes them: a second call loads instead of regenerating, an 
 finished shards, and each shard is seeded by its index so the result does not depend on interruptions or on the
 number of processes.
 
-Modules: ``config`` (:class:`PresampleConfig`, the columns), ``runner`` (the pass), ``logprobs`` (reference
+Modules: ``config`` (:class:`PresampleConfig`, the columns), ``runner`` (the pass; its steps :func:`sample_shard` and
+:func:`score_shard`, which ``trl_variants.evaluation`` runs on its chunks), ``logprobs`` (reference
 log-probs), ``reward_calls`` (TRL-signature reward calls), ``cache`` (key and shard files), ``metadata`` (what a
 presampled dataset records, checks against a trainer's options, summary), ``card`` (the Hub dataset card).
 Each algorithm's own use of the pass lives in its sub-package (``erpo.reference``, ``dph.split``).
@@ -25,10 +26,11 @@ from .config import COLUMNS, METADATA_KEY, REF_PROMPT_LOGP, PresampleConfig
 from .logprobs import completion_token_logps, prompt_logps_from_ids, token_logps
 from .metadata import check_presample_options, presample_options, summarize
 from .reward_calls import check_reward_columns, score_completions
-from .runner import presample
+from .runner import HFGenerator, presample, sample_shard, score_shard
 
 __all__ = [
     "COLUMNS",
+    "HFGenerator",
     "METADATA_KEY",
     "REF_PROMPT_LOGP",
     "PresampleConfig",
@@ -40,6 +42,8 @@ __all__ = [
     "default_cache_dir",
     "presample",
     "presample_options",
+    "sample_shard",
+    "score_shard",
     "prompt_logps_from_ids",
     "score_completions",
     "summarize",

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from .._validation import check_cache_dir
+
 REF_PROMPT_LOGP = "ref_prompt_logp"
 COLUMNS = {
     "ref_prompt_ids": "prompt token ids exactly as GRPOTrainer feeds them (list[int])",
@@ -191,6 +193,8 @@ class PresampleConfig:
                            "transformers_continuous_batching_config": None, "cache_implementation": None}
 
     def __post_init__(self):
+        if self.use_cache:
+            check_cache_dir(self.cache_dir, "PresampleConfig", "cache_dir")
         if self.num_samples < 0:
             raise ValueError(f"num_samples must be >= 0 (0: prompt log-likelihoods only), got {self.num_samples}")
         if self.value_beta is not None and not self.value_beta > 0:

@@ -145,10 +145,18 @@ def _resolve_backend(config: PresampleConfig, model) -> str:
     return "vllm" if by_path and vllm_backend.vllm_usable() else "hf"
 
 
-def _process_shard(rows, prompt_ids, row_indices, shard_index, model, tokenizer, config, generator,
-                   token_logps_fn=None):
-    """Sample and score (log-probs) one shard of dataset rows (a list of dicts); rewards come after
-    (:func:`_add_rewards`). Returns the rows, the seconds spent generating and the tokens generated."""
+def sample_shard(rows, prompt_ids, row_indices, shard_index, model, tokenizer, config, generator,
+                 token_logps_fn=None):
+    """Sample one shard of the pass as :func:`presample` does, and score its log-probs when ``config`` asks.
+
+    ``rows``: the shard's dataset rows (a list of dicts); ``prompt_ids``: their prompts tokenized as GRPOTrainer
+    does (:func:`~trl_variants.generation.tokenize_prompts`); ``row_indices``: their row numbers in the dataset;
+    ``shard_index``: seeds the shard (``config.seed * 1_000_003 + shard_index``), so its samples do not depend on
+    interruptions or on the number of processes; ``generator``: what samples (:class:`HFGenerator` or a vLLM
+    generator of :mod:`~trl_variants.presample.vllm_backend`), ``config`` a :class:`PresampleConfig`. Returns
+    ``(out, seconds, tokens)``: one dict per prompt (``ref_prompt_ids``, and ``ref_completion_ids`` /
+    ``ref_completions`` with ``config.num_samples`` samples, ``REF_PROMPT_LOGP`` / ``ref_completion_logps`` when
+    recorded), the seconds spent generating and the tokens generated. Rewards come after (:func:`score_shard`)."""
     out = [{"ref_prompt_ids": ids} for ids in prompt_ids]
     if config.record_prompt_logp:
         logps = prompt_logps_from_ids(model, prompt_ids, tokenizer.pad_token_id, config.temperature,
@@ -174,9 +182,11 @@ def _process_shard(rows, prompt_ids, row_indices, shard_index, model, tokenizer,
     return out, seconds, tokens
 
 
-def _add_rewards(out, rows, config, reward_funcs, reward_weights, trainer_state=None) -> int:
-    """Score the completions of a shard in place (``ref_rewards``, ``ref_rewards_per_func``, ``ref_value``) with
-    GRPOTrainer's reward signature; return how many completions got no reward from any function."""
+def score_shard(out, rows, config, reward_funcs, reward_weights, trainer_state=None) -> int:
+    """Score the completions of a shard sampled by :func:`sample_shard` in place, calling ``reward_funcs`` with
+    GRPOTrainer's reward signature (the rows' other columns as keyword arguments): each prompt's ``ref_rewards`` (the
+    ``reward_weights``-weighted sum), ``ref_rewards_per_func`` (one value per function, NaN where it gave none) and,
+    with ``config.value_beta``, ``ref_value``. Returns how many completions got no reward from any function."""
     from ..losses import optimal_value
 
     n = config.num_samples
@@ -380,7 +390,7 @@ def presample(
     unrewarded = 0
     if rescore:
         for s, out in results:
-            unrewarded += _add_rewards(out, list(dataset.select(shard_range(s))), config, reward_funcs,
+            unrewarded += score_shard(out, list(dataset.select(shard_range(s))), config, reward_funcs,
                                        reward_weights, trainer_state)
 
     if isinstance(generator, HFGenerator):
@@ -397,12 +407,12 @@ def presample(
         for s in todo:
             rows = list(dataset.select(shard_range(s)))
             with torch.no_grad():
-                out, seconds, tokens = _process_shard(
+                out, seconds, tokens = sample_shard(
                     rows, [all_prompt_ids[i] for i in shard_range(s)], list(shard_range(s)), s, model, tokenizer,
                     config, generator, token_logps_fn)
             gen_seconds, gen_tokens = gen_seconds + seconds, gen_tokens + tokens
             if config.num_samples > 0:
-                unrewarded += _add_rewards(out, rows, config, reward_funcs, reward_weights, trainer_state)
+                unrewarded += score_shard(out, rows, config, reward_funcs, reward_weights, trainer_state)
             if config.use_cache:
                 atomic_write_json(run_dir / f"shard-{s:06d}.json", {"shard": s, "rows": out})
             results.append((s, out))

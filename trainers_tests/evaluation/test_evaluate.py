@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from trainers_tests.helpers import small_config, train_dataset
 from trl_variants import ERPOConfig, ERPOTrainer, accuracy_reward
 from trl_variants.default import DEFAULT_MODEL_PATH, load_default_dataset
 from trl_variants.evaluate import (
@@ -20,8 +21,6 @@ from trl_variants.evaluate import (
     pass_at_k,
     write_report,
 )
-
-from .helpers import small_config, train_dataset
 
 
 @pytest.mark.parametrize("n,c,k", [(8, 0, 1), (8, 8, 8), (8, 3, 1), (8, 3, 2), (8, 3, 5), (8, 3, 6), (16, 5, 8),
@@ -154,6 +153,7 @@ def test_backend_vllm_without_vllm_fails_before_loading_anything(monkeypatch, tm
     import transformers
 
     from trl_variants import cli
+    from trl_variants.cli import evaluate_command
     from trl_variants.presample.vllm_backend import vllm_version
 
     if vllm_version() is not None:
@@ -161,7 +161,7 @@ def test_backend_vllm_without_vllm_fails_before_loading_anything(monkeypatch, tm
     fail = lambda *a, **k: pytest.fail("a model or the dataset was loaded before the backend check")  # noqa: E731
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", fail)
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", fail)
-    monkeypatch.setattr(cli, "load_eval_dataset", fail)
+    monkeypatch.setattr(evaluate_command, "load_eval_dataset", fail)
     with pytest.raises(ImportError, match=r"--backend vllm needs the vllm package.*pip install 'trl-variants\[vllm\]'"):
         cli.main(["evaluate", "--backend", "vllm", "--output_dir", str(tmp_path)])
     test = load_default_dataset(n_train=0, n_test=2)["test"]
@@ -213,7 +213,7 @@ def test_backend_vllm_samples_k_per_prompt_and_scores_as_hf(monkeypatch, tiny_to
     """``--backend vllm`` without vLLM: the engine builder replaced by a fake engine. The choice of backend goes
     through one function; each prompt is one request for k samples with the pass's seed, and the samples are scored
     by the same code as the transformers path."""
-    import trl_variants.evaluate as ev
+    from trl_variants.evaluation import runner, sampling
     from trl_variants.generation import tokenize_prompts
     from trl_variants.presample.vllm_backend import VLLMGenerator, request_seed
 
@@ -226,8 +226,8 @@ def test_backend_vllm_samples_k_per_prompt_and_scores_as_hf(monkeypatch, tiny_to
         built.append(config)
         return VLLMGenerator(llm, [tokenizer.eos_token_id], name="vllm-fake", sampling_params=dict)
 
-    monkeypatch.setattr(ev, "check_backend", lambda backend: None)
-    monkeypatch.setattr(ev, "offline_generator", fake_engine)
+    monkeypatch.setattr(runner, "check_backend", lambda backend: None)
+    monkeypatch.setattr(sampling, "offline_generator", fake_engine)
     config = EvalConfig(k=4, temperatures=[0.7], max_completion_length=12, top_p=0.9, seed=2, chunk_size=2,
                         backend="vllm", show_progress=False)
     res = evaluate(DEFAULT_MODEL_PATH, None, test, accuracy_reward, config)
@@ -246,9 +246,9 @@ def test_backend_vllm_samples_k_per_prompt_and_scores_as_hf(monkeypatch, tiny_to
 
 
 def test_backend_vllm_needs_a_model_path(monkeypatch, tiny_model, tiny_tokenizer):
-    import trl_variants.evaluate as ev
+    from trl_variants.evaluation import runner
 
-    monkeypatch.setattr(ev, "check_backend", lambda backend: None)
+    monkeypatch.setattr(runner, "check_backend", lambda backend: None)
     test = load_default_dataset(n_train=0, n_test=2)["test"]
     with pytest.raises(ValueError, match="needs the model as a path"):
         evaluate(tiny_model, tiny_tokenizer, test, accuracy_reward, EvalConfig(backend="vllm"))
@@ -277,9 +277,10 @@ def test_cli_refuses_two_models_with_one_name_before_loading(monkeypatch, tmp_pa
     import transformers
 
     from trl_variants import cli
+    from trl_variants.cli import evaluate_command
 
     fail = lambda *a, **k: pytest.fail("a model or the dataset was loaded before the names were checked")  # noqa: E731
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", fail)
-    monkeypatch.setattr(cli, "load_eval_dataset", fail)
+    monkeypatch.setattr(evaluate_command, "load_eval_dataset", fail)
     with pytest.raises(ValueError, match=r"named \['assets'\].*--model_names"):  # their chunk files would clash
         cli.main(["evaluate", "--models", DEFAULT_MODEL_PATH, DEFAULT_MODEL_PATH, "--output_dir", str(tmp_path)])

@@ -14,13 +14,15 @@ from pathlib import Path
 import pytest
 import torch
 
-import trl_variants.evaluate as ev
+import trl_variants.evaluation as ev
 from trl_variants import accuracy_reward
+from trl_variants.cli import evaluate_command
 from trl_variants.default import DEFAULT_MODEL_PATH, load_default_dataset
 from trl_variants.evaluate import EvalConfig, correctness_index, evaluate
+from trl_variants.evaluation import runner, sampling
 from trl_variants.rewards import format_reward
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def minus_one_reward(completions, **kwargs):  # a penalty: every sample gets -1
@@ -74,7 +76,7 @@ def test_cli_refuses_an_ambiguous_or_missing_correctness_function_before_loading
     pytest.importorskip("matplotlib", reason="evaluate checks matplotlib first")
     from trl_variants import cli
 
-    monkeypatch.setattr(cli, "load_eval_dataset", lambda *a, **k: pytest.fail("loaded data before the check"))
+    monkeypatch.setattr(evaluate_command, "load_eval_dataset", lambda *a, **k: pytest.fail("loaded data before the check"))
     with pytest.raises(ValueError, match=r"none of --reward_funcs \['format_reward', 'trl_variants.rewards"):
         cli.main(["evaluate", "--reward_funcs", "format_reward", "trl_variants.rewards.format_reward",
                   "--output_dir", str(tmp_path)])
@@ -211,15 +213,15 @@ def test_cli_device_flags(monkeypatch, tmp_path, capsys):
 def test_vllm_scoring_pass_on_the_gpu_or_skipped_with_a_note(monkeypatch, capsys, tiny_tokenizer):
     """``--backend vllm`` (a fake engine): entropy is scored by the transformers model on the GPU; with nothing to
     score, the model stays on the CPU and the line says it is unused."""
-    from trainers_tests.test_evaluate import FakeLLM
+    from trainers_tests.evaluation.test_evaluate import FakeLLM
     from trl_variants.generation import tokenize_prompts
     from trl_variants.presample.vllm_backend import VLLMGenerator
 
     data = load_default_dataset(n_train=0, n_test=3)["test"]
     ids = tokenize_prompts(tiny_tokenizer, data["prompt"])
     llm = FakeLLM(tiny_tokenizer, {tuple(p): s for p, s in zip(ids, data["solution"], strict=True)})
-    monkeypatch.setattr(ev, "check_backend", lambda backend: None)
-    monkeypatch.setattr(ev, "offline_generator", lambda model, tokenizer, config, accelerator=None: VLLMGenerator(
+    monkeypatch.setattr(runner, "check_backend", lambda backend: None)
+    monkeypatch.setattr(sampling, "offline_generator", lambda model, tokenizer, config, accelerator=None: VLLMGenerator(
         llm, [tokenizer.eos_token_id], name="vllm-fake", sampling_params=dict))
     moved = _pretend_cuda(monkeypatch)
     config = EvalConfig(k=2, temperatures=[1.0], max_completion_length=8, backend="vllm", show_progress=False)
@@ -252,7 +254,7 @@ def math500_standin(path: Path, rows: int = 8) -> str:
 
 
 def test_recipe_keys_taken_ignored_and_overridden(capsys):
-    from trl_variants.cli import parse_evaluate_args
+    from trl_variants.cli.evaluate_command import parse_evaluate_args
 
     args, config = parse_evaluate_args(["--config", "erpo/qwen2.5-math-7b", "--max_completion_length", "100"])
     out = capsys.readouterr().out
@@ -272,7 +274,7 @@ def test_recipe_keys_taken_ignored_and_overridden(capsys):
 
 
 def test_a_key_neither_command_knows_is_still_refused(tmp_path):
-    from trl_variants.cli import parse_evaluate_args
+    from trl_variants.cli.evaluate_command import parse_evaluate_args
 
     recipe = tmp_path / "typo.yaml"
     recipe.write_text("learning_rate: 1.0e-6\nmax_completion_lenght: 64\n")

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-import trl_variants.evaluate as ev
+import trl_variants.evaluation.runner as ev
 from trl_variants import accuracy_reward
 from trl_variants.default import DEFAULT_MODEL_PATH, load_default_dataset
 from trl_variants.evaluate import EvalConfig, evaluate
@@ -33,7 +33,7 @@ class Interrupted(Exception):
 
 def _count_chunks(monkeypatch, fail_at: int | None = None):
     """Record the (pass, chunk) of every chunk sampled; raise at the ``fail_at``-th (1-based), as an interruption."""
-    real, calls = ev._run_chunk, []
+    real, calls = ev.run_chunk, []
 
     def counting(model, tokenizer, rows, prompt_ids, row_indices, chunk, label, *args, **kwargs):
         calls.append((label, chunk))
@@ -41,7 +41,7 @@ def _count_chunks(monkeypatch, fail_at: int | None = None):
             raise Interrupted
         return real(model, tokenizer, rows, prompt_ids, row_indices, chunk, label, *args, **kwargs)
 
-    monkeypatch.setattr(ev, "_run_chunk", counting)
+    monkeypatch.setattr(ev, "run_chunk", counting)
     return calls
 
 

@@ -1,0 +1,111 @@
+"""The README is short and true: its generated blocks equal what the results files give, every number in its prose
+is in a file that its paragraph links, and its code examples train with the settings of the recipes they mirror."""
+
+import importlib.util
+import re
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+
+GENERATED = re.compile(r"<!-- front_page\.py: \w+ -->\n.*?<!-- /front_page\.py -->", re.S)
+FENCE = re.compile(r"^```.*?^```", re.S | re.M)
+LINK = re.compile(r"\[([^\]]*)\]\(([^)\s]+)\)")
+INLINE_CODE = re.compile(r"`[^`]*`")
+# a number standing alone: not part of a word or name (FSDP2, ZeRO-2/3, pass@16, 1M-parameter, arXiv ids in URLs)
+NUMBER = re.compile(r"(?<![\w.@/-])\d+(?:\.\d+)?(?![\w@/%-])")
+
+
+def _front_page():
+    spec = importlib.util.spec_from_file_location("front_page", ROOT / "benchmarks/front_page.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def prose_blocks(text: str) -> list[str]:
+    """The README's prose, outside code blocks and generated blocks: one block per paragraph or table row."""
+    text = FENCE.sub("\n", GENERATED.sub("\n", text))
+    blocks, current = [], []
+    for line in text.splitlines():
+        if line.startswith("|"):
+            blocks += ["\n".join(current)] if current else []
+            blocks.append(line)
+            current = []
+        elif line.strip():
+            current.append(line)
+        else:
+            blocks += ["\n".join(current)] if current else []
+            current = []
+    return blocks + (["\n".join(current)] if current else [])
+
+
+def unsourced_numbers(block: str, root: Path = ROOT) -> list[str]:
+    """Numbers of ``block`` found in none of the repository files it links (an external link's own text is its
+    source: ``[arXiv 2509.07430](https://...)``)."""
+    sources, text = [], INLINE_CODE.sub("", block)
+    for label, target in LINK.findall(text):
+        if re.match(r"^[a-z][\w+.-]*:", target):
+            text = text.replace(f"[{label}]({target})", "")
+            continue
+        path = root / target.split("#")[0]
+        if path.is_file():
+            sources.append(path.read_text(encoding="utf-8", errors="replace"))
+    text = LINK.sub(lambda m: m.group(1), text)
+    return [n for n in NUMBER.findall(text) if not any(n in source for source in sources)]
+
+
+def test_generated_blocks_match_the_results_files():
+    assert _front_page().main(["--check"]) == 0, "run python benchmarks/front_page.py and commit README.md"
+
+
+def test_generated_blocks_fail_on_a_changed_number(tmp_path, monkeypatch):
+    front_page = _front_page()
+    blocks, _ = front_page.generate()
+    readme = README.read_text()
+    assert front_page.fill(readme, blocks) == readme
+    assert "0.96x GRPO" in blocks["results"]  # ERPO's paired ratio (results/benchmarks/benchmarks_parts.json)
+    damaged = readme.replace("0.96x GRPO", "0.90x GRPO", 1)
+    assert damaged != readme and front_page.fill(damaged, blocks) == readme
+
+
+def test_every_number_in_the_readme_prose_is_in_a_file_it_links():
+    problems = {block[:80]: bad for block in prose_blocks(README.read_text()) if (bad := unsourced_numbers(block))}
+    assert not problems, f"README numbers in no linked file (link the file that holds each, or drop it): {problems}"
+
+
+def test_the_number_check_can_fail(tmp_path):
+    (tmp_path / "r.md").write_text("greedy 0.956\n")
+    assert unsourced_numbers("greedy 0.956 ([run](r.md))", tmp_path) == []
+    assert unsourced_numbers("greedy 0.957 ([run](r.md)), 12 steps", tmp_path) == ["0.957", "12"]
+    assert unsourced_numbers("ZeRO-2/3, FSDP2, pass@16, `--max_steps 20`, [arXiv 2509.07430](https://x)", tmp_path) == []
+    assert prose_blocks("a 1\nb\n\n| r 2 |\n```\n3\n```\n<!-- front_page.py: x -->\n4\n<!-- /front_page.py -->") == \
+        ["a 1\nb", "| r 2 |"]
+
+
+def _snippet_config(text: str, marker: str):
+    """The config an example builds: its code block run up to the trainer's construction."""
+    block = next(b for b in FENCE.findall(text) if marker in b)
+    code = block.split("\n", 1)[1].rsplit("```", 1)[0]
+    namespace: dict = {}
+    exec(code.split("trainer =")[0], namespace)  # noqa: S102 - the docs' own example
+    return namespace["args"]
+
+
+NOT_TRAINING = {"output_dir", "logging_steps", "save_strategy", "save_steps", "save_total_limit", "report_to",
+                "torch_threads", "gradient_checkpointing"}
+
+
+def _recipe_differences(args, recipe: Path) -> dict:
+    values = yaml.safe_load(recipe.read_text())
+    return {k: (getattr(args, k), v) for k, v in values.items()
+            if hasattr(args, k) and k not in NOT_TRAINING and getattr(args, k) != v}
+
+
+def test_code_examples_train_as_the_recipes_they_mirror():
+    readme_args = _snippet_config(README.read_text(), "ERPOConfig(")
+    assert _recipe_differences(readme_args, ROOT / "configs/erpo/tiny_cpu.yaml") == {}
+    composed_args = _snippet_config((ROOT / "docs/trainers.md").read_text(), "ComposedConfig(")
+    assert _recipe_differences(composed_args, ROOT / "configs/composed/tiny_cpu.yaml") == {}

@@ -1,0 +1,159 @@
+"""``trl-variants presample``: the offline reference pass over a dataset, saved (or pushed) with its dataset card.
+Also what ``evaluate`` shares with it: :func:`end_processes` and :func:`prompt_length_tokenizer`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+from .._validation import check_model_reference
+from ..data import DataScriptArguments, load_datasets, load_eval_dataset, load_reward_funcs, uses_embedded
+from .help import COMMAND_HELP, CONFIG_HELP
+from .parser import Parser
+
+
+@dataclass
+class PresampleScriptArguments(DataScriptArguments):
+    """Where the pass reads from and writes to."""
+
+    model_name_or_path: str | None = field(default=None, metadata={"help": "Reference model (default: tiny)."})
+    output_dir: str = field(default="presampled", metadata={"help": "save_to_disk directory of the result."})
+    split: str = field(default="train", metadata={"help": "Which split to presample: 'train' or 'test'."})
+    push_to_hub: bool = field(default=False, metadata={"help": "Publish the result as a Hub dataset."})
+    hub_dataset_id: str | None = field(default=None, metadata={"help": "Hub dataset repo id (org/name)."})
+    hub_private: bool = field(default=False, metadata={"help": "Create the Hub dataset as private."})
+    hub_overwrite_card: bool = field(
+        default=False,
+        metadata={"help": "Replace a README.md already on the Hub dataset that trl-variants did not write (by default "
+                          "the push stops before uploading anything)."},
+    )
+
+
+def end_processes(state) -> None:
+    """Several processes: wait for all of them, then destroy the process group, as ``trl-variants train`` does
+    (``Accelerator.end_training``). Gloo's worker threads otherwise can outlive the interpreter and abort the process at
+    exit (SIGABRT, "terminate called without an active exception") after the work is done."""
+    if state.num_processes > 1:
+        state.wait_for_everyone()
+        state.destroy_process_group()
+
+
+def presample_main(argv: list[str]) -> None:
+    from accelerate import PartialState
+
+    from ..default import DEFAULT_MODEL_PATH
+    from ..presample import PresampleConfig, presample
+
+    parser = Parser((PresampleScriptArguments, PresampleConfig), prog="trl-variants presample",
+                       description=COMMAND_HELP["presample"], epilog=CONFIG_HELP)
+    script_args, config = parser.parse_args_and_config(args=argv)
+    if script_args.push_to_hub and not script_args.hub_dataset_id:
+        raise ValueError("--push_to_hub needs --hub_dataset_id org/name")
+    check_model_reference(script_args.model_name_or_path, "--model_name_or_path")  # before the data and model load
+    if config.backend == "vllm":
+        from ..presample.vllm_backend import check_vllm_setup
+
+        check_vllm_setup(config)  # vllm, a GPU and options vLLM honours: before the data and the model load
+    if script_args.reward_model_name_or_path:
+        check_model_reference(script_args.reward_model_name_or_path, "--reward_model_name_or_path")
+    if script_args.torch_threads:
+        import torch
+
+        torch.set_num_threads(script_args.torch_threads)
+    if script_args.split == "test" and not uses_embedded(script_args):
+        raise ValueError("--split test is only supported for the embedded dataset; pass the test split as "
+                         "--dataset_name / --dataset_train_split instead")
+    script_args.dataset_test_split = "test"
+    model = script_args.model_name_or_path or DEFAULT_MODEL_PATH
+    tokenizer = prompt_length_tokenizer(script_args, model)
+    if script_args.split == "test":  # the embedded task's fixed test split, prepared exactly as evaluate's
+        train = load_eval_dataset(script_args, tokenizer, config.chat_template_kwargs)
+    else:
+        train, _ = load_datasets(script_args, SimpleNamespace(eval_strategy="no",
+                                                              chat_template_kwargs=config.chat_template_kwargs),
+                                 tokenizer)
+    source = presample_source(script_args)
+    state = PartialState()
+    rewards = load_reward_funcs(script_args, state.device, config.chat_template_kwargs) if config.num_samples else []
+    result = presample(model, None, train, rewards, config,
+                       accelerator=state)  # the model on this process's device (GPU), shards split if several
+    if state.is_main_process:
+        from pathlib import Path
+
+        from ..presample import dataset_card
+
+        model_id = script_args.model_name_or_path or "trl_variants tiny default"
+        result.save_to_disk(script_args.output_dir)
+        card = dataset_card(result, model_id, script_args.hub_dataset_id, source=source)
+        (Path(script_args.output_dir) / "README.md").write_text(card)
+        print(f"presampled dataset saved to {script_args.output_dir} ({len(result)} rows)")
+        if script_args.push_to_hub:
+            push_presampled(result, card, script_args.hub_dataset_id, private=script_args.hub_private,
+                            overwrite_card=script_args.hub_overwrite_card)
+            print(f"pushed to https://huggingface.co/datasets/{script_args.hub_dataset_id}")
+    end_processes(state)
+
+
+def presample_source(script_args) -> dict:
+    """What the prompts of ``trl-variants presample`` were taken from, for the dataset card."""
+    if uses_embedded(script_args):
+        split = script_args.split if script_args.split == "test" else "train"
+        source = {"dataset": "embedded (trl_variants.default synthetic arithmetic task)", "split": split,
+                  "embedded_train_size": script_args.embedded_train_size,
+                  "embedded_test_size": script_args.embedded_test_size, "embedded_seed": script_args.embedded_seed}
+    elif getattr(script_args, "datasets", None):  # a mixture loaded with TRL's get_dataset
+        from dataclasses import asdict
+
+        source = {"dataset": "mixture", "datasets": [asdict(d) for d in script_args.datasets],
+                  "test_split_size": script_args.test_split_size, "split": script_args.dataset_train_split}
+    else:
+        source = {"dataset": script_args.dataset_name, "config": script_args.dataset_config,
+                  "split": script_args.dataset_train_split}
+    if script_args.filter_column:
+        source["filter"] = f"{script_args.filter_column} in {script_args.filter_values}"
+    if getattr(script_args, "filter_prompt_length", None) is not None:
+        source["filter_prompt_length"] = f"prompts of at most {script_args.filter_prompt_length} tokens"
+    return source
+
+
+def push_presampled(result, card: str, repo_id: str, private: bool = False, overwrite_card: bool = False) -> None:
+    """Publish a presampled dataset with ``card`` as its README.md.
+
+    Order: (1) if the Hub repo already has a README.md with content trl-variants did not write (no ``CARD_MARKER``),
+    stop before uploading anything unless ``overwrite_card``; (2) push the data: ``datasets`` writes its YAML
+    metadata (``dataset_info``, ``configs``) into the README; (3) push our card last, carrying over that YAML, so the
+    README on the Hub is our card and still describes the data files.
+    """
+    from huggingface_hub import DatasetCard, HfApi
+
+    from ..presample.card import CARD_MARKER
+
+    api = HfApi()
+    if api.repo_exists(repo_id, repo_type="dataset") and api.file_exists(repo_id, "README.md", repo_type="dataset"):
+        existing = DatasetCard.load(repo_id, repo_type="dataset")
+        if existing.text.strip() and CARD_MARKER not in existing.text and not overwrite_card:
+            raise ValueError(f"https://huggingface.co/datasets/{repo_id} already has a README.md that trl-variants "
+                             "did not write; pushing would replace it. Move its content elsewhere or pass "
+                             "--hub_overwrite_card to replace it (nothing was uploaded)")
+    result.push_to_hub(repo_id, private=private)
+    ours = DatasetCard(card)
+    pushed = DatasetCard.load(repo_id, repo_type="dataset").data.to_dict()
+    mine = ours.data.to_dict()
+    for key, value in pushed.items():
+        if key == "tags":
+            ours.data["tags"] = list(dict.fromkeys([*(mine.get("tags") or []), *(value or [])]))
+        elif key not in mine:
+            ours.data[key] = value
+    ours.push_to_hub(repo_id, repo_type="dataset", commit_message="trl-variants presample: dataset card")
+
+
+def prompt_length_tokenizer(script_args, model: str):
+    """The tokenizer ``--filter_prompt_length`` counts prompt tokens with (``model``'s), or None without the flag."""
+    if script_args.filter_prompt_length is None:
+        return None
+    from transformers import AutoTokenizer
+
+    from ..training.model_options import model_path
+
+    return AutoTokenizer.from_pretrained(model_path(model))
+

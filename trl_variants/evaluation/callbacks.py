@@ -1,0 +1,147 @@
+"""Evaluation during training: :class:`PassAtKCallback` (pass@k sweep every N steps) and :class:`HeldOutCallback`
+(held-out accuracy before, during and after training: what ``heldout_eval_steps`` of the example scripts adds)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+from transformers import TrainerCallback
+
+from ..presample.vllm_backend import trainer_generator
+from ..rewards import accuracy_reward
+from .config import BACKENDS, VLLM_EXTRA, EvalConfig
+from .metrics import correctness_index
+from .report import PLOTS_SKIPPED, have_matplotlib, plot_heldout_curves
+from .runner import evaluate
+
+
+def callback_config(trainer, config: EvalConfig, backend: str = "hf") -> EvalConfig:
+    """``config`` as a training callback runs it: the progress bar off when the trainer's ``disable_tqdm`` is set,
+    and ``backend`` checked: ``"vllm"`` samples with the trainer's own vLLM engine, so it needs ``use_vllm=True``."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend == "vllm" and not getattr(trainer, "use_vllm", False):
+        raise ValueError("backend='vllm' evaluates with the trainer's own vLLM engine (its current weights pushed "
+                         "into it), and this trainer has none: set use_vllm=True in its config (vllm_mode "
+                         f"'colocate' or 'server'; {VLLM_EXTRA}), or use backend='hf'")
+    return replace(config, backend=backend, show_progress=config.show_progress and not trainer.args.disable_tqdm)
+
+
+def evaluate_policy(trainer, dataset, reward_funcs, config: EvalConfig, name: str | None = None) -> dict:
+    """:func:`evaluate` on a trainer's current policy (sharded over its processes when there are several), leaving
+    the model in the train / eval mode it was in. Every process must call it. ``config.backend="vllm"``: sampled by
+    the trainer's vLLM engine (:func:`~trl_variants.presample.vllm_backend.trainer_generator`), scored as with
+    ``"hf"``."""
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    was_training = model.training
+    multi = trainer.accelerator.num_processes > 1
+    generator = trainer_generator(trainer) if config.backend == "vllm" else None
+    res = evaluate(model, trainer.processing_class, dataset, reward_funcs, config, name=name,
+                   accelerator=trainer.accelerator if multi else None, generator=generator)
+    model.train(was_training)
+    return res
+
+
+class PassAtKCallback(TrainerCallback):
+    """Run :func:`evaluate` on ``dataset`` every ``eval_steps`` optimizer steps and log the numbers through the
+    trainer's logging (``eval_passk/greedy``, ``eval_passk/T<t>/avg@k``, ``.../pass@k``, ``.../entropy``).
+
+    A progress bar (main process) unless the trainer's ``disable_tqdm``; ``config.backend="vllm"`` samples with the
+    trainer's vLLM engine (``use_vllm=True``).
+
+    >>> trainer.add_callback(PassAtKCallback(trainer, load_default_dataset()["test"], EvalConfig(k=4), 50))
+    """
+
+    def __init__(self, trainer, dataset, config: EvalConfig | None = None, eval_steps: int = 50,
+                 reward_funcs=accuracy_reward):
+        if eval_steps < 1:
+            raise ValueError(f"eval_steps must be >= 1, got {eval_steps}")
+        config = config or EvalConfig(k=4)
+        correctness_index([reward_funcs] if callable(reward_funcs) else list(reward_funcs))  # refused now, not later
+        self.trainer, self.dataset, self.config = trainer, dataset, callback_config(trainer, config, config.backend)
+        self.eval_steps, self.reward_funcs = eval_steps, reward_funcs
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step % self.eval_steps:
+            return
+        trainer = self.trainer
+        res = evaluate_policy(trainer, self.dataset, self.reward_funcs, self.config,
+                              name=f"pass@k step {state.global_step}")
+        k = self.config.k
+        logs = {"eval_passk/greedy": res["greedy"]} if "greedy" in res else {}
+        for t, e in res["temperatures"].items():
+            logs[f"eval_passk/T{t}/avg@{k}"] = e[f"avg@{k}"]
+            logs[f"eval_passk/T{t}/pass@{k}"] = e["pass@k"][str(k)]
+            if "entropy" in e:
+                logs[f"eval_passk/T{t}/entropy"] = e["entropy"]
+        trainer.log(logs)
+
+
+class HeldOutCallback(TrainerCallback):
+    """Held-out accuracy before training (the base), every ``eval_steps`` optimizer steps and after the last step:
+    greedy accuracy and avg@k at the trainer's sampling temperature, logged through the trainer as
+    ``heldout/greedy`` and ``heldout/avg@k``. When training ends it prints base vs trained and writes
+    ``<output_dir>/heldout.json`` and ``<output_dir>/heldout_curves.png`` (training reward and held-out accuracy
+    against the step; without matplotlib the plot is skipped with a one-line note, ``plot=False`` skips it). Every process must take part (the sampling is sharded). Each measurement shows a progress
+    bar with an ETA on the main process, unless the trainer's ``disable_tqdm``. ``backend="vllm"`` samples with
+    the trainer's own vLLM engine (``use_vllm=True``; its current weights are pushed into it first), scored as with
+    ``"hf"``.
+
+    >>> trainer.add_callback(HeldOutCallback(trainer, load_default_dataset()["test"], k=4, eval_steps=50))
+    """
+
+    def __init__(self, trainer, dataset, k: int = 4, eval_steps: int = 50, reward_funcs=accuracy_reward,
+                 max_completion_length: int | None = None, plot: bool = True, backend: str = "hf"):
+        if eval_steps < 1:
+            raise ValueError(f"eval_steps must be >= 1, got {eval_steps}")
+        correctness_index([reward_funcs] if callable(reward_funcs) else list(reward_funcs))  # refused now, not later
+        args = trainer.args
+        self.trainer, self.dataset, self.eval_steps, self.reward_funcs, self.plot = (
+            trainer, dataset, eval_steps, reward_funcs, plot)
+        self.temperature = args.temperature
+        self.config = callback_config(trainer, EvalConfig(
+            k=k, temperatures=[args.temperature], top_p=args.top_p, compute_entropy=False,
+            max_completion_length=max_completion_length or args.max_completion_length, seed=args.seed), backend)
+        self.matplotlib = have_matplotlib() if plot else False  # without it: the numbers, and a note for the plot
+        self.history: list[dict] = []
+
+    def _measure(self, step: int) -> None:
+        if self.history and self.history[-1]["step"] == step:
+            return
+        trainer = self.trainer
+        res = evaluate_policy(trainer, self.dataset, self.reward_funcs, self.config, name=f"held-out step {step}")
+        k, t = self.config.k, str(self.temperature)
+        row = {"step": step, "greedy": res["greedy"], f"avg@{k}": res["temperatures"][t][f"avg@{k}"]}
+        self.history.append(row)
+        trainer.log({f"heldout/{key}": v for key, v in row.items() if key != "step"})
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self._measure(state.global_step)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step % self.eval_steps == 0:
+            self._measure(state.global_step)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self._measure(state.global_step)
+        if not state.is_world_process_zero:
+            return
+        base, last, k = self.history[0], self.history[-1], self.config.k
+        out = Path(args.output_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        rewards = [(e["step"], e["reward"]) for e in state.log_history if "reward" in e]
+        record = {"num_prompts": len(self.dataset), "temperature": self.temperature, "k": k,
+                  "history": self.history, "train_reward": rewards}
+        (out / "heldout.json").write_text(json.dumps(record, indent=1))
+        lines = [f"held-out accuracy on {len(self.dataset)} prompts never trained on (base -> step {last['step']}):"]
+        for key, label in (("greedy", "greedy"), (f"avg@{k}", f"avg@{k} (T={self.temperature:g})")):
+            lines.append(f"  {label:<16} {base[key]:.3f} -> {last[key]:.3f} ({100 * (last[key] - base[key]):+.1f} "
+                         "points)")
+        if self.plot and self.matplotlib:
+            plot_heldout_curves(record, out / "heldout_curves.png")
+            lines.append(f"  curves: {out / 'heldout_curves.png'}")
+        elif self.plot:
+            lines.append("  " + PLOTS_SKIPPED.format(where=out / "heldout.json"))
+        print("\n".join(lines), flush=True)
