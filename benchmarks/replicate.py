@@ -409,9 +409,10 @@ def claims(per_seed: dict[str, list[dict]], k: int) -> list[dict]:
     def line(paper, claim, parts, labels=None):
         """``parts``: (part name, number name, (method, key), (method, key), relation), in the figure's order."""
         labels = labels or {number: (LABELS[PAPER_KEY[paper]], LABELS["grpo"]) for _, number, *_ in parts}
-        verdicts, numbers, differences, rules, digits, relations = {}, {}, {}, {}, {}, {}
+        verdicts, numbers, differences, rules, digits, relations, seeds = {}, {}, {}, {}, {}, {}, {}
         for name, number, (ma, ka), (mb, kb), relation in parts:
             a, b = seed_values(per_seed, ma, ka), seed_values(per_seed, mb, kb)
+            seeds[number] = [a, b]  # per seed ({seed: value}; the base: one number), drawn on the figure
             non_inferior = relation in (">=", "<=")
             verdicts[name] = compare(a, b, relation, MARGIN if non_inferior else None)
             numbers[number] = (interval(a), interval(b))
@@ -421,7 +422,7 @@ def claims(per_seed: dict[str, list[dict]], k: int) -> list[dict]:
             digits[number] = shown_digits(verdicts[name], relation, *numbers[number], differences.get(number))
         out.append({"paper": paper, "claim": claim, "verdict": combine(list(verdicts.values())), "parts": verdicts,
                     "numbers": numbers, "labels": labels, "differences": differences, "rules": rules,
-                    "relations": relations, "digits": digits})
+                    "relations": relations, "digits": digits, "seeds": seeds})
 
     if g and "erpo" in stats:
         line("ERPO", "lower Query-KL than GRPO at equal or better accuracy",
@@ -539,7 +540,8 @@ def plot_eval(evals: dict, k: int, temps: list[float], out: Path) -> None:
 
 
 def plot_claims(claim_lines: list[dict], path: Path) -> None:
-    """The headline figure: one row per paper, one panel per number of its claim (mean and 95% CI whiskers)."""
+    """The headline figure: one row per paper, one panel per number of its claim (mean and 95% CI whiskers, each
+    seed's pair of values joined by a grey line, the part's verdict in the panel's title, the claim's on the left)."""
     from trl_variants.evaluation import pyplot
 
     plt = pyplot()
@@ -552,8 +554,17 @@ def plot_claims(claim_lines: list[dict], path: Path) -> None:
         for ax, (name, (a, b)), verdict in zip(row, c["numbers"].items(), c["parts"].values(), strict=False):
             means = [a[0], b[0]]
             halves = [0.0 if math.isnan(x[1]) else x[1] for x in (a, b)]
+            per_seed = c.get("seeds", {}).get(name)
+            if per_seed:  # each seed's pair, joined: the pairing the non-inferiority parts read
+                a_seeds, b_seeds = ({str(k): v for k, v in x.items()} if isinstance(x, dict) else x for x in per_seed)
+                for seed in a_seeds:
+                    y_b = b_seeds.get(seed) if isinstance(b_seeds, dict) else b_seeds
+                    if y_b is not None:
+                        ax.plot([0.15, 0.85], [a_seeds[seed], y_b], color="0.75", linewidth=0.8, marker=".",
+                                markersize=4, zorder=1)
             for x, color in ((0, "C1"), (1, "0.4")):  # points, not bars: the y axis zooms on the difference
-                ax.errorbar([x], [means[x]], yerr=[halves[x]], fmt="o", color=color, capsize=6, markersize=7)
+                ax.errorbar([x], [means[x]], yerr=[halves[x]], fmt="o", color=color, capsize=6, markersize=7,
+                            zorder=2)
             ax.set_xlim(-0.6, 1.6)
             ax.set_xticks([0, 1], c["labels"][name], fontsize=8)
             diff = c.get("differences", {}).get(name)  # a non-inferiority part: the paired interval it reads
@@ -561,7 +572,8 @@ def plot_claims(claim_lines: list[dict], path: Path) -> None:
             ax.set_title(f"{c['paper']}: {name}\n({verdict}){note}", fontsize=8)
             ax.grid(alpha=0.3, axis="y")
         row[0].set_ylabel(c["verdict"], fontsize=9, fontweight="bold")
-    fig.suptitle("Each paper's claim vs TRL's GRPOTrainer (mean, 95% CI over seeds)", fontsize=10)
+    fig.suptitle("Each paper's claim vs TRL's GRPOTrainer (mean, 95% CI over seeds; grey: each seed's pair)",
+                 fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

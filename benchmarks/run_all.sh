@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Reproduce every number and plot of docs/RESULTS.md on a CPU machine (about 7 hours on 2 cores: 4 of them the
+# Reproduce every number and plot of docs/RESULTS.md on a CPU machine (about 13 hours on 2 cores: 4 of them the
 # replication, 5 seeds x 5 methods, ~10 minutes per trained and evaluated model; about 2 the claims in their papers'
-# regimes, A*-PO's 22 minutes and the hard split's ~20 minutes per seed; every replication saves each finished
+# regimes, A*-PO's 22 minutes and the hard split's ~20 minutes per seed; about 5 more the confirmatory round on
+# seeds 5-14 (estimates in results/claims_protocol.md) and about 1.5 the DPH-RL dose-response (an estimate: 12
+# trained and evaluated models); every replication saves each finished
 # model's record under outputs/, so rerunning after an interruption continues where it stopped); every output
 # goes under results/ (one folder per study, each with a README naming its command):
 #   bash benchmarks/run_all.sh            # tiny-model benchmarks, stage 1, EEPO clip study, replication
@@ -63,6 +65,20 @@ $PY benchmarks/replicate.py --methods grpo dph --train_levels 1 2 --eval_levels 
 # EEPO's entropy claim on the same shifted split (held-out entropy at T = 1 during training)
 $PY benchmarks/replicate.py --methods grpo eepo --train_levels 1 2 --eval_levels 3 4 --k 64 --temperatures 1.0 \
     --entropy_every 50 --work_dir outputs/replication_narrow_eepo --out results/replication_narrow_eepo
+# the confirmatory round: the claims not settled by seeds 0-4, on the fresh seeds 5-14 fixed in
+# results/claims_protocol.md before these runs (verdicts from the new seeds alone)
+$PY benchmarks/replicate.py --methods grpo apo --G 2 --apo_batch 16 --train_prompts 128 --steps 200 --k 8 \
+    --temperatures 1.0 --seeds 5 6 7 8 9 10 11 12 13 14 \
+    --work_dir outputs/replication_apo_regime_confirm --out results/replication_apo_regime_confirm
+$PY benchmarks/replicate.py --methods grpo dph --train_levels 1 2 --eval_levels 3 4 --k 64 --temperatures 1.0 \
+    --seeds 5 6 7 8 9 10 11 12 13 14 \
+    --work_dir outputs/replication_narrow_confirm --out results/replication_narrow_confirm
+$PY benchmarks/replicate.py --methods grpo eepo dph composed --split hard --k 64 --temperatures 1.0 \
+    --entropy_every 50 --seeds 5 6 7 8 9 10 11 12 13 14 \
+    --work_dir outputs/replication_hard_split_confirm --out results/replication_hard_split_confirm
+# DPH-RL's mechanism: the rehearsal strength eta at 0, 0.02, 0.2, 2.0 on the shifted split, 3 seeds (reuses the
+# confirmatory study's eta = 0.2 models)
+$PY benchmarks/dph_dose.py
 if [ "${1:-}" = "--extended" ] || [ "${1:-}" = "--medium" ]; then
   $PY benchmarks/bench_trainers.py --model medium --variants grpo_beta0 grpo_beta erpo eepo dph grpo_g2 apo a2po \
       --reps 2 --steps 4 --warmup 2 --out results/benchmarks/benchmarks_medium
@@ -72,4 +88,5 @@ if [ "${1:-}" = "--extended" ] || [ "${1:-}" = "--medium" ]; then
   $PY benchmarks/bench_trainers.py --model medium --variants grpo_beta0 grpo_two_generates eepo --reps 2 --steps 4 \
       --out results/benchmarks/benchmarks_medium_eepo_floor
 fi
-echo "done: see results/benchmarks/, results/eepo_eps_study/, results/replication*/ (prose: docs/RESULTS.md)"
+$PY benchmarks/front_page.py   # the README's results table from the files above
+echo "done: see results/benchmarks/, results/eepo_eps_study/, results/replication*/, results/dph_dose/ (prose: docs/RESULTS.md)"

@@ -141,6 +141,19 @@ def test_claim_table_and_headline_figure_from_known_numbers(tmp_path):
     assert (tmp_path / "claims.png").stat().st_size > 20_000
 
 
+
+def test_claim_figure_draws_each_seed_of_each_number(tmp_path):
+    """Each claim line carries its numbers per seed (what the figure joins, seed by seed); the base is one number."""
+    per_seed = per_seed_of(["base", "grpo", "erpo", "dph"], base={"pass@16": [0.9]},
+                           grpo={"query_kl": [0.10, 0.12, 0.14], "pass@16": flat(0.80), "keep_rate": flat(0.9)},
+                           erpo={"query_kl": [0.01, 0.011, 0.012], "greedy": flat(0.52)},
+                           dph={"pass@16": flat(0.70), "keep_rate": flat(0.95)})
+    lines = {c["paper"]: c for c in replicate.claims(per_seed, 16)}
+    assert lines["ERPO"]["seeds"]["Query-KL"] == [{0: 0.01, 1: 0.011, 2: 0.012}, {0: 0.10, 1: 0.12, 2: 0.14}]
+    assert lines["DPH-RL"]["seeds"]["GRPO vs base pass@16"][1] == 0.9
+    replicate.plot_claims(list(lines.values()), tmp_path / "claims.png")
+    assert (tmp_path / "claims.png").stat().st_size > 20_000
+
 def test_same_seed_same_prompts_and_trainer_seed_for_every_method(monkeypatch, tmp_path):
     """Why "equal or better" parts may pair by seed: train() gives every method of a seed the same training prompts
     and the same trainer seed (GRPOTrainer's RepeatSampler shuffles with it); another seed, other prompts."""
