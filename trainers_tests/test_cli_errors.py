@@ -74,3 +74,28 @@ def test_top_level_help_does_not_import_torch():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "  train " in proc.stdout
+
+
+# --config naming no recipe or file, or a file that is not valid YAML (it used to exit with code 1, or print a
+# yaml.parser.ParserError traceback)
+@pytest.mark.parametrize("value", ["no_such_recipe", "erpo/no_such_recipe", "{tmp}/missing.yaml"],
+                         ids=["bare-name", "method/name", "missing-path"])
+def test_a_config_that_names_nothing_is_a_one_line_error(capsys, monkeypatch, no_model_load, tmp_path, value):
+    value = value.format(tmp=tmp_path)
+    line = _error(capsys, monkeypatch, ["train", "erpo", "--config", value, "--output_dir", str(tmp_path)])
+    assert line.startswith(f"trl-variants: error: --config {value}: no such file, and no shipped recipe")
+    assert "`trl-variants recipes` lists them" in line  # the fix
+
+
+def test_a_config_that_does_not_parse_is_a_one_line_error(capsys, monkeypatch, no_model_load, tmp_path):
+    recipe = tmp_path / "broken.yaml"
+    recipe.write_text("learning_rate: [1e-6\nmax_steps: : 2\n")
+    line = _error(capsys, monkeypatch, ["train", "erpo", "--config", str(recipe), "--output_dir", str(tmp_path)])
+    assert line.startswith(f"trl-variants: error: --config {recipe}: not valid YAML") and "line 1" in line
+
+
+def test_a_config_that_is_not_a_mapping_is_a_one_line_error(capsys, monkeypatch, no_model_load, tmp_path):
+    recipe = tmp_path / "list.yaml"
+    recipe.write_text("- learning_rate\n- 1e-6\n")
+    line = _error(capsys, monkeypatch, ["train", "erpo", "--config", str(recipe), "--output_dir", str(tmp_path)])
+    assert f"Config file {recipe} must contain a YAML mapping" in line

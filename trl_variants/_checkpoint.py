@@ -54,15 +54,14 @@ RESUME_FIELDS = (
     "beta", "loss_type", "epsilon", "epsilon_high", "scale_rewards", "reward_weights",
     "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_completion_length",
 )
-# Fields of the trainers' own configs that cannot change the result (every other own field is checked).
-FREE_FIELDS = frozenset({
-    "presample_cache_dir",  # where the offline pass is cached (its key holds what matters)
-    "reference_batch_size",  # batching of ERPO's no-grad reference pass
-    "ref_prompt_logp_column",  # a column name
-    "check_binary_rewards", "require_pef",  # a warning, an error
-    "lazy_value_pass", "lazy_value_chunk_size",  # when A*-PO's stage 1 runs, not its values (the same shards)
-    "capture_stage2_logps",  # where EEPO reads stage 2's log-probs, not their values (float32 rounding apart)
-})
+
+
+def free_fields(config_cls) -> frozenset[str]:
+    """The fields of a trainer's own config that cannot change the result, so a resume may change them (every other
+    own field is checked): what each config class in its bases declares as ``resume_free_fields`` (a composed
+    config has every one of its bases')."""
+    return frozenset(name for cls in config_cls.__mro__ for name in vars(cls).get("resume_free_fields", ()))
+
 
 _CHECKPOINT_DIR = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-(\d+)$")
 # The trainer whose ``train()`` is running: a callback that transformers re-creates on resume (with
@@ -77,9 +76,9 @@ def _plain(value):
 
 def resume_fields(args) -> dict:
     """The config values of ``args`` that must be equal in a checkpoint and in the run that resumes it: the common
-    :data:`RESUME_FIELDS` and every field the trainer's config adds to GRPOConfig, except :data:`FREE_FIELDS`."""
-    grpo = {f.name for f in dataclasses.fields(GRPOConfig)}
-    own = [f.name for f in dataclasses.fields(args) if f.name not in grpo and f.name not in FREE_FIELDS]
+    :data:`RESUME_FIELDS` and every field the trainer's config adds to GRPOConfig, except its :func:`free_fields`."""
+    grpo, free = {f.name for f in dataclasses.fields(GRPOConfig)}, free_fields(type(args))
+    own = [f.name for f in dataclasses.fields(args) if f.name not in grpo and f.name not in free]
     return {name: _plain(getattr(args, name)) for name in (*RESUME_FIELDS, *own) if hasattr(args, name)}
 
 

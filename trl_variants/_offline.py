@@ -4,32 +4,15 @@ trainer, and the pass's numbers, logged once the trackers run. The pass itself i
 
 from __future__ import annotations
 
-import random
 import time
 from contextlib import contextmanager
 
-import numpy as np
 import torch
 
 from ._model import full_parameters, params_sharded
-
-
-@contextmanager
-def preserved_random_state():
-    """Leave the random state as it was found: torch's CPU generator and this process's CUDA device's, python's
-    ``random``, numpy's global generator. Around an offline pass (which seeds torch per shard when it samples, and
-    draws nothing when it reads its cache or the dataset's stored columns), so the rollouts that follow draw the same
-    numbers whether the pass was computed, read or run lazily during training. (A process that has not used CUDA
-    yet has no CUDA state to keep, and no other device's context is created.)"""
-    python_state, numpy_state = random.getstate(), np.random.get_state()
-    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
-    devices = [torch.cuda.current_device()] if cuda else []
-    try:
-        with torch.random.fork_rng(devices=devices):
-            yield
-    finally:
-        random.setstate(python_state)
-        np.random.set_state(numpy_state)
+from .presample import check_presample_options, presample
+from .presample.random_state import preserved_random_state
+from .presample.vllm_backend import trainer_generator
 
 
 def trainer_prompt_ids(trainer, rows) -> list[list[int]]:
@@ -175,6 +158,55 @@ def check_presampled_model(trainer, dataset) -> None:
 
     check_presample_model(dataset, trainer.model, type(trainer).__name__,
                           gather=lambda p: full_parameters(trainer, [p]))
+
+
+def stored_or_computed(trainer, dataset, columns, compute, *, check=None, **options):
+    """Reuse the stored columns or run the offline pass, the one way every part and trainer does it: ``dataset`` as
+    it is when it has every one of ``columns`` (presampled by `trl-variants presample`, or the user's own columns),
+    once ``check(dataset)`` accepts their values, the pass recorded the ``options`` the trainer samples with
+    (:func:`~trl_variants.presample.check_presample_options`), this model made it (:func:`check_presampled_model`)
+    and its prompt ids are the trainer's own (:func:`check_prompt_ids`); else ``compute(dataset)``, the pass run now
+    (:func:`trainer_presample`, or a method's own)."""
+    if not all(c in dataset.column_names for c in columns):
+        return compute(dataset)
+    if check is not None:
+        check(dataset)
+    check_presample_options(dataset, **options)
+    check_presampled_model(trainer, dataset)  # made by this model (its weights, in any dtype)
+    check_prompt_ids(trainer, dataset)
+    return dataset
+
+
+def trainer_presample(trainer, dataset, config, *, model=None, tokenize_fn=None, generator=True, shards=None):
+    """:func:`~trl_variants.presample.presample` as ``trainer`` runs it: on ``model`` (default: the trainer's own,
+    scored with the trainer's fused log-prob kernel), in eval mode and with its full weights (ZeRO-3 / FSDP
+    gathered), with the trainer's reward functions (:func:`callable_reward_funcs`) and weights, its prompt ids
+    (:func:`trainer_prompt_ids`; ``tokenize_fn`` replaces them), its generator
+    (:func:`~trl_variants.presample.vllm_backend.trainer_generator`; ``generator=False``: the pass's own) and its
+    ``state`` for the reward functions. ``config``: the :class:`~trl_variants.presample.PresampleConfig`;
+    ``shards``: only these shards of the pass."""
+    reward_funcs = callable_reward_funcs(trainer, type(trainer).__name__)  # reward models scored as GRPO does
+    model = trainer.model if model is None else model
+    scorer = None
+    if model is trainer.model:
+        def scorer(ids, mask):  # stored and online log-probs from one kernel
+            device = trainer.accelerator.device
+            logps, _, _ = trainer._get_per_token_logps_and_entropies(model, ids.to(device), mask.to(device),
+                                                                     ids.size(1) - 1)
+            return logps
+
+    was_training = model.training
+    model.eval()
+    try:
+        with full_parameters(trainer):
+            return presample(model, trainer.processing_class, dataset, reward_funcs, config,
+                             reward_weights=trainer.reward_weights.tolist(), accelerator=trainer.accelerator,
+                             token_logps_fn=scorer,
+                             tokenize_fn=tokenize_fn or (lambda prompts: trainer_prompt_ids(trainer, prompts)),
+                             generator=trainer_generator(trainer) if generator else None,
+                             trainer_state=trainer.state, shards=shards)
+    finally:
+        model.train(was_training)
 
 
 class OfflinePassLogMixin:

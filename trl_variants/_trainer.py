@@ -1,7 +1,21 @@
 """What every trainer here shares with the others around GRPOTrainer: its config resolved as TRL resolves it, the
-reference columns added to evaluation datasets (the numerical guards are in ``_numerics.py``)."""
+reference columns added to evaluation datasets, and :class:`TrainerBase`, the base of the parts trainer and A*-PO's
+(the mixins they share, the checks before anything loads; the numerical guards are in ``_numerics.py``)."""
 
 from __future__ import annotations
+
+from trl import GRPOConfig, GRPOTrainer
+
+from ._card import ModelCardMixin
+from ._checkpoint import CheckpointStateMixin
+from ._numerics import FiniteTrainingMixin
+from ._offline import OfflinePassLogMixin
+from ._validation import (
+    check_model_paths,
+    check_reward_columns_before_load,
+    check_train_dataset,
+    checked_reward_funcs,
+)
 
 
 def resolve_config(model, args, config_cls, suffix: str):
@@ -62,3 +76,31 @@ class EvalDatasetMixin:
             return super().get_eval_dataloader(eval_dataset)
         finally:
             self.eval_dataset = given
+
+
+class TrainerBase(CheckpointStateMixin, ModelCardMixin, FiniteTrainingMixin, OfflinePassLogMixin, EvalDatasetMixin,
+                  GRPOTrainer):
+    """``GRPOTrainer`` with what every trainer here adds around it: the checkpoint record and resume checks, the model
+    card, the stop on a non-finite loss, the offline pass's numbers in the first log, the reference columns of
+    evaluation datasets. A subclass's ``__init__`` calls :meth:`_checked_args` first and :meth:`_checked_reward_funcs`
+    last, before ``GRPOTrainer.__init__`` loads anything. ``_config_class`` is the config class ``args`` must be an
+    instance of (default :class:`~trl.GRPOConfig`), ``_config_suffix`` names the default output directory when
+    ``args`` is None."""
+
+    _config_class = GRPOConfig
+    _config_suffix = "GRPO"
+
+    def _checked_args(self, model, args, train_dataset):
+        """``args`` resolved (:func:`resolve_config`), and the train_dataset's prompts checked."""
+        args = resolve_config(model, args, self._config_class or GRPOConfig, self._config_suffix)
+        check_train_dataset(train_dataset, type(self).__name__)  # before GRPOTrainer loads the model
+        return args
+
+    def _checked_reward_funcs(self, model, reward_funcs, train_dataset):
+        """The last checks before anything loads (every column a reward function requires; a model or reward model
+        path that does not exist, or a Hub id offline and not cached), and ``reward_funcs`` as GRPOTrainer gets them:
+        a bad reward value is refused naming the function (:func:`~trl_variants._validation.checked_reward_funcs`)."""
+        name = type(self).__name__
+        check_reward_columns_before_load(reward_funcs, train_dataset, name)
+        check_model_paths(model, reward_funcs, name)
+        return checked_reward_funcs(reward_funcs)

@@ -9,9 +9,11 @@ on every call, through :class:`CheckedReward`, which the trainers wrap around th
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 import os
 import warnings
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 _MAX_ROWS_SHOWN = 5
@@ -207,14 +209,31 @@ def check_train_dataset(dataset, trainer_name: str, split: str = "train_dataset"
                          "dataset.filter(...)")
 
 
+# ------------------------------------------------------------------------------------------ reward columns ---
+_TRL_REWARD_KWARGS = {"prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric",
+                      "environments", "kwargs"}
+
+
+def reward_name(func) -> str:
+    return getattr(func, "__name__", type(func).__name__)
+
+
+def check_reward_columns(reward_funcs: Sequence[Callable], column_names: Sequence[str]) -> None:
+    """Raise (naming the function and the column) when a reward function has a required parameter that is neither
+    part of TRL's reward signature nor a dataset column."""
+    for func in reward_funcs:
+        for name in _required_columns(func):
+            if name not in column_names:
+                raise ValueError(
+                    f"reward function {reward_name(func)!r} needs the dataset column {name!r}, which the dataset "
+                    f"does not have (columns: {list(column_names)}): add it or rename a column to {name!r}"
+                )
+
+
 def _required_columns(func) -> list[str]:
     """The dataset columns reward function ``func`` requires: its parameters without a default that are not part of
     TRL's reward signature (TRL passes every other column as a keyword argument; a parameter with a default, or
     ``**kwargs``, does not require one)."""
-    import inspect
-
-    from .presample.reward_calls import _TRL_REWARD_KWARGS
-
     try:
         params = inspect.signature(func).parameters.values()
     except (TypeError, ValueError):
@@ -257,8 +276,6 @@ def check_reward_columns_before_load(reward_funcs, dataset, trainer_name: str) -
     generation, or score the rows silently). Reward models and Hub ids are TRL's to score."""
     from torch import nn
 
-    from .presample.reward_calls import check_reward_columns
-
     columns = getattr(dataset, "column_names", None)
     if columns is None or reward_funcs is None or isinstance(dataset, dict):
         return  # no dataset, or a stream of unknown features (checked when it is read)
@@ -270,21 +287,6 @@ def check_reward_columns_before_load(reward_funcs, dataset, trainer_name: str) -
     check_reward_column_values(funcs, dataset, trainer_name)
 
 
-def check_presampled_columns(dataset, needed, trainer_name: str, option: str) -> None:
-    """A dataset that already has presample columns but not the ones this trainer needs was presampled for another
-    trainer: name the missing columns and the ``trl-variants presample`` option that makes them."""
-    from .presample.config import COLUMNS
-
-    columns = getattr(dataset, "column_names", None) or []  # a stream of unknown features: checked once read
-    present = [c for c in COLUMNS if c in columns]
-    missing = [c for c in needed if c not in columns]
-    if present and missing:
-        raise ValueError(f"{trainer_name}: the train_dataset was presampled (it has {present}) but lacks {missing}, "
-                         f"which {trainer_name} needs. Presample the original prompts again with `trl-variants "
-                         f"presample {option}`, or pass the prompts without the presample columns and the trainer "
-                         "runs the pass itself")
-
-
 def check_finite_column(dataset, column: str, fix: str) -> None:
     """Every value of ``column`` is a finite number (naming the rows that are not)."""
     bad = [i for i, v in enumerate(dataset[column])
@@ -292,144 +294,6 @@ def check_finite_column(dataset, column: str, fix: str) -> None:
     if bad:
         example = dataset[bad[0]][column]
         raise ValueError(f"column {column!r} must hold finite numbers; {_rows(bad)} do not (e.g. {example!r}): {fix}")
-
-
-# ------------------------------------------------------------------------ stored (presampled) columns ---
-# How far above 0 a stored log-probability may be before it cannot be one (kernels other than log_softmax, bf16).
-LOGP_TOLERANCE = 1e-3
-STORED_FIX = {
-    "ref_prompt_logp": "drop the column (the trainer runs the reference pass) or compute it again with `trl-variants "
-                       "presample --num_samples 0 --record_prompt_logp true` on the original prompts",
-    "ref_completion_logps": "presample the original prompts again (`trl-variants presample --num_samples {k} "
-                            "--record_completion_logps true`), or drop the ref_* columns and the trainer runs the "
-                            "offline pass itself",
-    "ref_value": "presample the original prompts again (`trl-variants presample --num_samples {k} --value_beta "
-                 "{beta}`), or drop the ref_* columns and the trainer runs stage 1 itself",
-}
-
-
-def _arrow(dataset, column: str):
-    """``column`` of ``dataset``'s rows (a ``select`` / ``filter`` applied) as one pyarrow array, without Python
-    objects per value (a presampled column holds N x k x L floats)."""
-    return dataset.with_format("arrow")[column].combine_chunks()
-
-
-def _first_rows(mask) -> list[int]:
-    import pyarrow.compute as pc
-
-    return pc.indices_nonzero(pc.fill_null(mask, True)).to_pylist()
-
-
-def check_stored_columns(dataset, trainer_name: str, args, reads) -> None:
-    """Stored columns the trainer reads (``reads``: any of ``ref_prompt_logp``, ``ref_completion_logps``,
-    ``ref_value``) hold values the offline pass can have made; a column that is absent is computed by the trainer
-    and not checked. Refused, naming the column, the rows, an example value and the fix:
-
-    * ``ref_prompt_logp`` (ERPO's ``args.ref_prompt_logp_column``): not a finite number, or above 0 (a sum of
-      log-probs; :data:`LOGP_TOLERANCE` allowed);
-    * ``ref_completion_logps`` (DPH-RL): not one list per completion of ``ref_completion_ids``, not one value per
-      completion token (the loss would pad the missing ones with log-prob 0), a value above 0 or not finite;
-    * ``ref_value`` (A*-PO): None or infinite, or not between the smallest and largest of the row's finite
-      ``ref_rewards`` (V_hat is a soft maximum of them; NaN when none is finite).
-
-    A stream (``IterableDataset``) is not read: its rows would be consumed before training; the trainers' own
-    checks of the columns apply when the offline pass reads it."""
-    columns = getattr(dataset, "column_names", None)
-    if columns is None or isinstance(dataset, dict) or not hasattr(dataset, "__len__"):
-        return
-    reads = set(reads)
-    column = getattr(args, "ref_prompt_logp_column", "ref_prompt_logp")
-    if "ref_prompt_logp" in reads and column in columns:
-        fix = STORED_FIX["ref_prompt_logp"]
-        try:
-            check_finite_column(dataset, column, fix)
-        except ValueError as e:
-            raise ValueError(f"{trainer_name}: {e}") from None
-        above = [i for i, v in enumerate(dataset[column]) if v > LOGP_TOLERANCE]
-        if above:
-            raise ValueError(f"{trainer_name}: column {column!r} holds l_ref(s), a sum of log-probs (<= 0), but "
-                             f"{_rows(above)} are above 0 (e.g. row {above[0]}: {dataset[above[0]][column]!r}): it was "
-                             f"not made by the offline pass for these prompts. Fix: {fix}")
-    k = getattr(args, "num_presamples", getattr(args, "num_value_samples", "<N>"))
-    if "ref_completion_logps" in reads and {"ref_completion_logps", "ref_completion_ids"} <= set(columns):
-        _check_completion_logps(dataset, trainer_name, STORED_FIX["ref_completion_logps"].format(k=k))
-    if "ref_value" in reads and "ref_value" in columns:
-        _check_values(dataset, trainer_name, STORED_FIX["ref_value"].format(k=k, beta=getattr(args, "value_beta", 0.5)))
-
-
-def _check_completion_logps(dataset, trainer_name: str, fix: str) -> None:
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    name = "'ref_completion_logps'"
-    logps, ids = _arrow(dataset, "ref_completion_logps"), _arrow(dataset, "ref_completion_ids")
-    try:
-        per_row = pc.not_equal(pc.list_value_length(logps), pc.list_value_length(ids))
-        bad = _first_rows(per_row)
-        if bad:
-            i = bad[0]
-            raise ValueError(f"{trainer_name}: column {name} has, at {_rows(bad)}, another number of completions than "
-                             f"'ref_completion_ids' (e.g. row {i}: {_len(logps[i])} and {_len(ids[i])}): it does not "
-                             f"belong to these completions. Fix: {fix}")
-        flat_logps, flat_ids = pc.list_flatten(logps), pc.list_flatten(ids)
-        row_of = pc.list_parent_indices(logps)  # the row of each completion
-        mismatch = pc.fill_null(pc.not_equal(pc.list_value_length(flat_logps), pc.list_value_length(flat_ids)), True)
-        where = pc.indices_nonzero(mismatch).to_pylist()
-        if where:
-            rows = sorted(set(row_of.take(pa.array(where)).to_pylist()))
-            c = where[0]
-            row = row_of[c].as_py()
-            j = c - pc.indices_nonzero(pc.equal(row_of, row))[0].as_py()
-            raise ValueError(
-                f"{trainer_name}: column {name} has, at {_rows(rows)}, a completion with another number of log-probs "
-                f"than its tokens in 'ref_completion_ids' (e.g. row {row}, completion {j}: {_len(flat_logps[c])} "
-                f"log-probs for {_len(flat_ids[c])} tokens): one reference log-prob per completion token is what "
-                f"the loss reads (a missing one counts as log-prob 0). Fix: {fix}")
-        values = pc.list_flatten(flat_logps)
-        value_row = row_of.take(pc.list_parent_indices(flat_logps))
-        wrong = pc.fill_null(pc.or_(pc.invert(pc.is_finite(values)), pc.greater(values, LOGP_TOLERANCE)), True)
-        where = pc.indices_nonzero(wrong).to_pylist()
-    except (pa.ArrowNotImplementedError, pa.ArrowInvalid, TypeError):
-        raise ValueError(f"{trainer_name}: column {name} must hold, per row, a list of per-token log-prob lists (one "
-                         f"per completion of 'ref_completion_ids'); its type is {logps.type}. Fix: {fix}") from None
-    if where:
-        rows = sorted(set(value_row.take(pa.array(where)).to_pylist()))
-        raise ValueError(f"{trainer_name}: column {name} holds per-token log-probs (<= 0, finite), but {_rows(rows)} "
-                         f"do not (e.g. row {value_row[where[0]].as_py()}: {values[where[0]].as_py()!r}). Fix: {fix}")
-
-
-def _len(value) -> str:
-    return "None" if not value.is_valid else str(len(value))
-
-
-def _check_values(dataset, trainer_name: str, fix: str) -> None:
-    values = dataset["ref_value"]
-    rewards = dataset["ref_rewards"] if "ref_rewards" in dataset.column_names else [None] * len(values)
-    bad, example = [], None
-    for i, (v, rs) in enumerate(zip(values, rewards, strict=True)):
-        finite = [r for r in rs or [] if isinstance(r, int | float) and math.isfinite(r)]
-        if isinstance(v, bool) or not isinstance(v, int | float) or math.isinf(v):
-            why = None
-        elif rs is None:
-            continue  # no rewards to compare with
-        elif math.isnan(v):
-            if not finite:
-                continue  # no sample got a reward: no value estimate (A*-PO leaves the prompt out)
-            why = f"{v!r} for rewards {_shown(rs)}"
-        elif not finite or not (min(finite) - _tolerance(finite) <= v <= max(finite) + _tolerance(finite)):
-            why = f"{v!r} for rewards {_shown(rs)}"
-        else:
-            continue
-        bad.append(i)
-        example = example or f"row {i}: {why or _shown(v)}"
-    if bad:
-        raise ValueError(f"{trainer_name}: column 'ref_value' holds V_hat(x), a soft maximum of the row's 'ref_rewards' "
-                         f"(between their smallest and largest; NaN when none is finite), but {_rows(bad)} do not "
-                         f"(e.g. {example}). Fix: {fix}")
-
-
-def _tolerance(values) -> float:
-    return 1e-4 * (1.0 + max(abs(x) for x in values))
 
 
 def check_no_none(dataset, column: str, fix: str) -> None:

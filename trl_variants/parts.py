@@ -56,20 +56,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 import torch
-from trl import GRPOConfig, GRPOTrainer
 
-from ._card import ModelCardMixin
-from ._checkpoint import CheckpointStateMixin
-from ._numerics import FiniteTrainingMixin
-from ._offline import OfflinePassLogMixin
-from ._trainer import EvalDatasetMixin, resolve_config
-from ._validation import (
-    check_model_paths,
-    check_reward_columns_before_load,
-    check_stored_columns,
-    check_train_dataset,
-    checked_reward_funcs,
-)
+from ._trainer import TrainerBase
 from .generation import pack_prompt_completion
 
 
@@ -211,32 +199,22 @@ def registered_parts() -> list[str]:
     return [*_BUILTIN, *(name for name in _REGISTRY if name not in _BUILTIN)]
 
 
-class PartsTrainer(CheckpointStateMixin, ModelCardMixin, FiniteTrainingMixin, OfflinePassLogMixin, EvalDatasetMixin,
-                   GRPOTrainer):
+class PartsTrainer(TrainerBase):
     """``GRPOTrainer`` plus a list of :class:`Part`. Takes exactly GRPOTrainer's arguments. A subclass builds its
     parts from the config in :meth:`make_parts`; ``_config_class`` is the config class ``args`` must be an instance
     of (default :class:`~trl.GRPOConfig`: any GRPO-family config here), ``_config_suffix`` names the default
-    output directory when ``args`` is None."""
-
-    _config_class = GRPOConfig
-    _config_suffix = "GRPO"
+    output directory when ``args`` is None (:class:`~trl_variants._trainer.TrainerBase`)."""
 
     def make_parts(self, args) -> list[Part]:
         return []
 
     def __init__(self, model, reward_funcs=None, args=None, train_dataset=None, eval_dataset=None, **kwargs):
         name = type(self).__name__
-        args = resolve_config(model, args, self._config_class or GRPOConfig, self._config_suffix)
-        check_train_dataset(train_dataset, name)  # before GRPOTrainer loads the model
+        args = self._checked_args(model, args, train_dataset)
         self.parts = list(self.make_parts(args))
         for part in self.parts:
             if not isinstance(part, Part):
                 raise TypeError(f"{name}.make_parts returned {part!r}, not a trl_variants.Part instance")
-        if getattr(args, "dynamic_sampling", False) and not any(p.fills_batch for p in self.parts):
-            # every GRPO-family config here has the field (dapo/config.py); imported here: dapo imports this module
-            from .dapo.part import DynamicSampling
-
-            self.parts.append(DynamicSampling.from_config(args))
         for flag, what in (("owns_rollout", "replace GRPO's rollout"), ("fills_batch", "decide what fills the batch")):
             owners = [p.name for p in self.parts if getattr(p, flag)]
             if len(owners) > 1:
@@ -253,10 +231,7 @@ class PartsTrainer(CheckpointStateMixin, ModelCardMixin, FiniteTrainingMixin, Of
                                      "provider (share it, or name the quantity differently)")
         for part in self.parts:
             part.check(name, args, train_dataset, kwargs)
-        check_reward_columns_before_load(reward_funcs, train_dataset, name)
-        check_stored_columns(train_dataset, name, args, [need for part in self.parts for need in part.needs])
-        check_model_paths(model, reward_funcs, name)  # a path that does not exist, a Hub id offline and not cached
-        reward_funcs = checked_reward_funcs(reward_funcs)  # a bad reward value is refused naming the function
+        reward_funcs = self._checked_reward_funcs(model, reward_funcs, train_dataset)
         self._policy_forward: PolicyForward | None = None
         if getattr(args, "loss_combination", "sum") not in LOSS_COMBINATIONS:
             raise ValueError(f"loss_combination must be one of {LOSS_COMBINATIONS}, got {args.loss_combination!r}")

@@ -104,17 +104,17 @@ def test_lazy_chunks_are_full_pass_shards_and_resume(tmp_path, monkeypatch):
 def test_second_train_call_values_from_the_reference(tmp_path, monkeypatch):
     """``train()`` called again on the same trainer (no resume) starts again at step 0 with a trained policy: the
     chunks it values are still sampled from the frozen reference, with the full pass's values."""
-    from trl_variants.apo import trainer as apo_trainer
+    from trl_variants import _offline
 
     lazy = _apo(tmp_path, tmp_path / "cache_lazy", lazy=True, max_steps=1)
     sampled_from = []
-    presample_fn = apo_trainer.presample
+    presample_fn = _offline.presample
 
     def watched(model, *a, **k):
         sampled_from.append((lazy.state.global_step, "reference" if model is lazy.ref_model else "policy"))
         return presample_fn(model, *a, **k)
 
-    monkeypatch.setattr(apo_trainer, "presample", watched)
+    monkeypatch.setattr(_offline, "presample", watched)
     lazy.train()
     assert sampled_from == [(0, "policy")]  # before the first update the policy is the reference
     first = dict(lazy._lazy.values)

@@ -7,7 +7,7 @@ from trl.experimental.a2po import A2POConfig, A2POTrainer
 
 from trl_variants import APOConfig, APOTrainer, accuracy_reward
 from trl_variants.losses import optimal_value
-from trl_variants.presample import runner as ps
+from trl_variants.presample import hf_backend
 
 from ..helpers import CPU_ARGS, DEFAULT_MODEL_PATH, fixed_batch, small_config, train_dataset
 
@@ -148,7 +148,7 @@ def test_end_to_end_and_resume_does_not_rerun_stage1(tmp_path, monkeypatch):
     assert "2505.20686" in (out / "README.md").read_text()
     assert any(h.get("apo/seq_log_ratio_mean", 0) != 0 for h in apo.state.log_history)
     assert "kl" not in logged  # GRPO's token-level KL key is not reused for a sequence-level quantity
-    monkeypatch.setattr(ps, "generate_completions", lambda *a, **k: pytest.fail("stage 1 ran again"))
+    monkeypatch.setattr(hf_backend, "generate_completions", lambda *a, **k: pytest.fail("stage 1 ran again"))
     kw.update(max_steps=3)
     resumed = _apo(tmp_path, **kw)
     resumed.train(resume_from_checkpoint=str(out / "checkpoint-2"))

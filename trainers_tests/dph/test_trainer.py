@@ -6,6 +6,7 @@ from datasets import load_from_disk
 
 from trl_variants import DPHConfig, DPHTrainer, accuracy_reward
 from trl_variants.losses import f_divergence
+from trl_variants.presample import hf_backend
 from trl_variants.presample import runner as ps
 
 from ..helpers import (
@@ -93,7 +94,7 @@ def test_uses_presampled_dataset_without_generating(tmp_path, monkeypatch):
     ds = ps.presample(dph.model, dph.processing_class, train_dataset(48), accuracy_reward,
                       dph.part("dph_rehearsal")._presample_config(dph, 4, 0))
     ds.save_to_disk(str(saved))
-    monkeypatch.setattr(ps, "generate_completions", lambda *a, **k: pytest.fail("generated again"))
+    monkeypatch.setattr(hf_backend, "generate_completions", lambda *a, **k: pytest.fail("generated again"))
     again = _dph(tmp_path / "2", dataset=load_from_disk(str(saved)))
     assert again.split_stats == dph.split_stats
     with pytest.raises(ValueError, match="num_samples=4 but the trainer is configured with 8"):

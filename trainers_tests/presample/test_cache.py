@@ -8,7 +8,7 @@ import pytest
 from transformers import AutoModelForCausalLM
 
 from trl_variants.default import DEFAULT_MODEL_PATH, load_default_dataset
-from trl_variants.presample import PresampleConfig, cache_key, presample, runner
+from trl_variants.presample import PresampleConfig, cache_key, hf_backend, presample, runner
 from trl_variants.presample.reward_calls import reward_fingerprint
 from trl_variants.rewards import accuracy_reward
 
@@ -30,7 +30,7 @@ def prompts():
 
 
 def _no_generation(monkeypatch):
-    monkeypatch.setattr(runner, "generate_completions",
+    monkeypatch.setattr(hf_backend, "generate_completions",
                         lambda *a, **k: pytest.fail("generation ran: the cache should have answered"))
 
 

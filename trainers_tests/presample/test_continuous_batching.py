@@ -166,16 +166,16 @@ TRAIN_ARGS = dict(max_steps=1, per_device_train_batch_size=2, num_generations=2,
 def test_each_trainer_trains_with_the_engine(tmp_path, monkeypatch, method, engine):
     """Each trainer takes a training step with the engine, and its offline pass (DPH-RL's, A*-PO's samples)
     generates with it too."""
-    from trl_variants.presample import runner
+    from trl_variants.presample import hf_backend
 
     offline = []
-    real = runner.generate_completions
+    real = hf_backend.generate_completions
 
     def recording(*args, **kwargs):
         offline.append({k: kwargs.get(k) for k in ("continuous_batching", "cache_implementation")})
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(runner, "generate_completions", recording)
+    monkeypatch.setattr(hf_backend, "generate_completions", recording)
     overrides = dict(TRAIN_ARGS, **ENGINES[engine])
     if method == "apo":
         overrides["num_generations"] = 1

@@ -11,7 +11,7 @@ from datasets import load_from_disk
 from trl_variants import presample as ps
 from trl_variants.default import load_default_dataset
 from trl_variants.losses import optimal_value
-from trl_variants.presample import PresampleConfig, logprobs, presample, runner
+from trl_variants.presample import PresampleConfig, hf_backend, logprobs, presample
 from trl_variants.rewards import accuracy_reward
 
 from ..helpers import run_two_ranks
@@ -80,7 +80,7 @@ def test_cache_hit_generates_nothing(tmp_path, prompts, tiny_model, tiny_tokeniz
     def boom(*a, **k):
         raise AssertionError("generation ran on a cache hit")
 
-    monkeypatch.setattr(runner, "generate_completions", boom)
+    monkeypatch.setattr(hf_backend, "generate_completions", boom)
     monkeypatch.setattr(logprobs, "token_logps", boom)
     second = presample(tiny_model, tiny_tokenizer, prompts, accuracy_reward, _config(tmp_path))
     assert second.to_dict() == first.to_dict()
@@ -117,14 +117,14 @@ def test_interrupted_run_resumes_to_identical_dataset(tmp_path, prompts, tiny_mo
         return accuracy_reward(completions, solution)
 
     generated = []
-    real_generate = runner.generate_completions
+    real_generate = hf_backend.generate_completions
 
     def counting_generate(model, tokenizer, prompt_ids, *args, **kwargs):
         generated.append(len(prompt_ids))
         return real_generate(model, tokenizer, prompt_ids, *args, **kwargs)
 
     counting_reward.__name__, counting_reward.__module__ = "accuracy_reward", accuracy_reward.__module__
-    monkeypatch.setattr(runner, "generate_completions", counting_generate)
+    monkeypatch.setattr(hf_backend, "generate_completions", counting_generate)
     resumed = presample(tiny_model, tiny_tokenizer, prompts, counting_reward, cfg)
     assert generated == [4, 2]  # shards 1 and 2 only: shard 0's samples came from disk
     # a local function cannot be fingerprinted (renaming it does not make it accuracy_reward): its rewards are never

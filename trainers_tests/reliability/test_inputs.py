@@ -478,7 +478,7 @@ def test_presample_refuses_a_model_path_that_does_not_exist(tmp_path, no_model_l
 
 def test_the_offline_pass_output_passes_the_stored_checks(tmp_path, tiny_model, tiny_tokenizer):
     """What presample() writes (temperature 0.7: the log-probs of the scaled distribution) is never refused."""
-    from trl_variants._validation import check_stored_columns
+    from trl_variants.presample.stored import check_stored_columns
 
     config = PresampleConfig(num_samples=2, max_completion_length=6, temperature=0.7, record_prompt_logp=True,
                              record_completion_logps=True, value_beta=0.5, use_cache=False, show_progress=False)

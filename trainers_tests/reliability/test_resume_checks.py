@@ -95,7 +95,7 @@ def test_real_checkpoint_of_another_trainer_refused_before_the_offline_pass(tmp_
     def offline_pass(*args, **kwargs):
         raise OfflinePassRan("DPH-RL's offline pass ran before the checkpoint was checked")
 
-    monkeypatch.setattr("trl_variants.dph.part.presample", offline_pass)
+    monkeypatch.setattr("trl_variants._offline.presample", offline_pass)
     args = _config(DPHConfig, tmp_path / "dph", num_presamples=2, pef_threshold=2, resume_from_checkpoint=str(ckpt),
                    presample_cache_dir=str(tmp_path / "cache"))
     with pytest.raises(ValueError, match=r"was written by EEPOTrainer; resume it with EEPOTrainer"):

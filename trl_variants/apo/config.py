@@ -124,6 +124,11 @@ class APOConfig(GuardedConfig):
     lazy_value_chunk_size: int = field(
         default=64, metadata={"help": "Prompts the lazy stage 1 values ahead of need each time it runs."})
 
+    # own fields a resume may change (_checkpoint.resume_fields): where the offline pass is cached (its key holds
+    # what matters), a warning, when stage 1 runs (not its values: the same shards)
+    resume_free_fields = frozenset({"presample_cache_dir", "check_binary_rewards", "lazy_value_pass",
+                                    "lazy_value_chunk_size"})
+
     def __post_init__(self):
         check_common(self)  # options TRL accepts but that fail after the model load
         check_unused_grpo_options(self)

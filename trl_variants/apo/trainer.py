@@ -20,37 +20,23 @@ import warnings
 
 import torch
 from transformers import PreTrainedModel
-from trl import GRPOTrainer
 
 from .. import losses
-from .._card import ModelCardMixin
-from .._checkpoint import CheckpointStateMixin
 from .._citations import APO, paper
 from .._data import is_stream, run_on_rows
-from .._model import frozen_copy_of_policy, full_parameters, is_peft_model, params_sharded
-from .._numerics import FiniteTrainingMixin
+from .._model import frozen_copy_of_policy, is_peft_model, params_sharded
 from .._offline import (
-    OfflinePassLogMixin,
-    callable_reward_funcs,
-    check_presampled_model,
-    check_prompt_ids,
     refuse_offline_sampling,
     sampling_options,
+    stored_or_computed,
+    trainer_presample,
     trainer_prompt_ids,
 )
-from .._trainer import EvalDatasetMixin, resolve_config
-from .._validation import (
-    check_model_paths,
-    check_presampled_columns,
-    check_reward_columns_before_load,
-    check_stored_columns,
-    check_train_dataset,
-    checked_reward_funcs,
-)
-from ..presample import PresampleConfig, check_presample_options, presample, summarize
+from .._trainer import TrainerBase
+from ..presample import PresampleConfig, summarize
 from ..presample.metadata import is_correct
 from ..presample.runner import shard_rows
-from ..presample.vllm_backend import trainer_generator
+from ..presample.stored import check_presampled_columns, check_stored_columns
 from .config import APOConfig
 
 LAZY_ROW = "apo_lazy_row"
@@ -106,32 +92,30 @@ class LazyValues:
                 "lazy_fraction": len(rows) / len(self.dataset)}
 
 
-class APOTrainer(CheckpointStateMixin, ModelCardMixin, FiniteTrainingMixin, OfflinePassLogMixin, EvalDatasetMixin,
-                 GRPOTrainer):
+class APOTrainer(TrainerBase):
     """A*-PO. Takes GRPOTrainer's arguments; see [`APOConfig`]."""
 
     _tag_names = ["trl", "a-star-po"]
     _name = "A*-PO"
     _paper = paper("Accelerating RL for LLM Reasoning with Optimal Advantage Regression", "2505.20686", APO)
+    _config_class = APOConfig
+    _config_suffix = "APO"
 
     def __init__(self, model, reward_funcs=None, args: APOConfig | None = None, train_dataset=None,
                  eval_dataset=None, peft_config=None, **kwargs):
-        args = resolve_config(model, args, APOConfig, "APO")
+        args = self._checked_args(model, args, train_dataset)
         if train_dataset is None:
             raise ValueError("APOTrainer needs a train_dataset (prompts, or the output of trl-variants presample)")
-        check_train_dataset(train_dataset, "APOTrainer")  # before GRPOTrainer loads the model
         # stage 1 samples one turn per prompt: no tool calls, no environments (refused again by sampling_options)
         refuse_offline_sampling("APOTrainer", tools=kwargs.get("tools"),
                                 environments=kwargs.get("environment_factory") is not None)
-        check_presampled_columns(train_dataset, ["ref_value"], "APOTrainer",
-                                 f"--num_samples {args.num_value_samples} --value_beta {args.value_beta}")
+        options = f"--num_samples {args.num_value_samples} --value_beta {args.value_beta}"  # what makes ref_value
+        check_presampled_columns(train_dataset, ["ref_value"], "APOTrainer", options)
         # GRPOTrainer reloads its reference from the model's name; for an in-memory model that is not the policy we
         # were given, so in that case we build the reference ourselves from the given weights.
         own_reference = isinstance(model, PreTrainedModel) and peft_config is None
-        check_reward_columns_before_load(reward_funcs, train_dataset, "APOTrainer")
-        check_stored_columns(train_dataset, "APOTrainer", args, ["ref_value"])  # values that cannot be true
-        check_model_paths(model, reward_funcs, "APOTrainer")  # a path that does not exist, a Hub id offline, not cached
-        reward_funcs = checked_reward_funcs(reward_funcs)  # a bad reward value is refused naming the function
+        check_stored_columns(train_dataset, "APOTrainer", options, ["ref_value"])  # values that cannot be true
+        reward_funcs = self._checked_reward_funcs(model, reward_funcs, train_dataset)
         beta2 = args.beta
         if own_reference:
             args.beta = 0.0
@@ -157,26 +141,29 @@ class APOTrainer(CheckpointStateMixin, ModelCardMixin, FiniteTrainingMixin, Offl
     # ---------------------------------------------------------------------------------- stage 1 (offline) ---
     def _value_pass(self, dataset, shards=None):
         """``dataset`` with stage 1's columns (``ref_value`` among them): checked when present, else sampled from the
-        reference policy (the model as given before the first update; afterwards the frozen reference)."""
+        reference policy (:meth:`_sample_values`)."""
         args = self.args
-        if "ref_value" in dataset.column_names:
-            check_presample_options(dataset, num_samples=args.num_value_samples, value_beta=args.value_beta,
-                                    **sampling_options(self))
-            check_presampled_model(self, dataset)  # made by this model (its weights, in any dtype)
-            check_prompt_ids(self, dataset)
-            return dataset
-        reward_funcs = callable_reward_funcs(self, "APOTrainer")  # reward models scored as GRPOTrainer does
+        return stored_or_computed(self, dataset, ["ref_value"], lambda rows: self._sample_values(rows, shards),
+                                  num_samples=args.num_value_samples, value_beta=args.value_beta,
+                                  **sampling_options(self))
+
+    def _sample_values(self, dataset, shards=None):
+        """Stage 1 run now: N samples per prompt from the reference policy (the model as given before the first
+        update; afterwards the frozen reference), their rewards and ``V_hat(x)``."""
+        args = self.args
         config = PresampleConfig(
             num_samples=args.num_value_samples, value_beta=args.value_beta, **sampling_options(self),
             record_prompt_logp=False, seed=args.seed, cache_dir=args.presample_cache_dir,
             generation_batch_size=args.presample_generation_batch_size, shard_size=args.presample_shard_size,
             show_progress=shards is None,  # the lazy pass runs during training: no bar or summary of its own
         )
-        lazy_ids = None
-        if shards is not None and self._lazy is not None:  # the lazy pass: all the prompts' ids, tokenized once
-            if self._lazy.prompt_ids is None:
-                self._lazy.prompt_ids = trainer_prompt_ids(self, list(dataset["prompt"]))
-            lazy_ids = self._lazy.prompt_ids
+        lazy, tokenize_fn = self._lazy, None
+        if shards is not None and lazy is not None:  # the lazy pass: all the prompts' ids, tokenized once
+            if lazy.prompt_ids is None:
+                lazy.prompt_ids = trainer_prompt_ids(self, list(dataset["prompt"]))
+
+            def tokenize_fn(prompts):
+                return lazy.prompt_ids
         trained = self.state.global_step > 0 or self._policy_updated  # a second train() starts again at step 0
         if trained and (params_sharded(self) or self.ref_model is None
                         and not is_peft_model(self.accelerator.unwrap_model(self.model))):
@@ -186,8 +173,6 @@ class APOTrainer(CheckpointStateMixin, ModelCardMixin, FiniteTrainingMixin, Offl
         # after the first update the policy is not the reference any more: sample the frozen reference (with HF
         # generate: a vLLM engine holds the policy's weights)
         model = self.ref_model if trained and self.ref_model is not None else self.model
-        was_training = model.training
-        model.eval()
         # The cache key holds the model's config. GRPOTrainer turns the policy's config.use_cache off; generate reads
         # use_cache from the generation config, not from there. With the policy's value the reference (same weights)
         # has the key of the pass made before training, so the shards sampled after the first update (lazy stage 1,
@@ -197,15 +182,10 @@ class APOTrainer(CheckpointStateMixin, ModelCardMixin, FiniteTrainingMixin, Offl
         if ref_config is not None and hasattr(ref_config, "use_cache"):
             ref_config.use_cache = getattr(self.accelerator.unwrap_model(self.model).config, "use_cache", use_cache)
         try:
-            with self._reference_weights(), full_parameters(self):
-                return presample(model, self.processing_class, dataset, reward_funcs, config,
-                                 reward_weights=self.reward_weights.tolist(), accelerator=self.accelerator,
-                                 tokenize_fn=lambda prompts: (trainer_prompt_ids(self, prompts) if lazy_ids is None
-                                                              else lazy_ids),
-                                 generator=None if trained and self.use_vllm else trainer_generator(self),
-                                 trainer_state=self.state, shards=shards)
+            with self._reference_weights():
+                return trainer_presample(self, dataset, config, model=model, tokenize_fn=tokenize_fn,
+                                         generator=not (trained and self.use_vllm), shards=shards)
         finally:
-            model.train(was_training)
             if ref_config is not None and hasattr(ref_config, "use_cache"):
                 ref_config.use_cache = use_cache
 

@@ -2,6 +2,6 @@
 (``dynamic_sampling=True``); the box is ``part.py``."""
 
 from .config import DynamicSamplingConfig
-from .part import DynamicSampling, groups_with_signal
+from .part import DynamicSampling, groups_with_signal, with_dynamic_sampling
 
-__all__ = ["DynamicSampling", "DynamicSamplingConfig", "groups_with_signal"]
+__all__ = ["DynamicSampling", "DynamicSamplingConfig", "groups_with_signal", "with_dynamic_sampling"]

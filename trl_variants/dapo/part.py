@@ -233,6 +233,16 @@ class DynamicSampling(Part):
         self.stream.epoch, self.stream.pos = state["dapo_refill_epoch"], state["dapo_refill_pos"]
 
 
+def with_dynamic_sampling(parts: list[Part], args) -> list[Part]:
+    """``parts`` plus :class:`DynamicSampling` when the config turns it on (``dynamic_sampling``, the field every
+    GRPO-family config here inherits from :class:`~trl_variants.dapo.config.DynamicSamplingConfig`) and no part
+    already decides what fills the batch: what ERPO's, DPH-RL's and EEPO's trainers run (their ``make_parts``)."""
+    parts = list(parts)
+    if getattr(args, "dynamic_sampling", False) and not any(p.fills_batch for p in parts):
+        parts.append(DynamicSampling.from_config(args))
+    return parts
+
+
 def _kinds(trainer, output) -> dict[str, str]:
     """How each per-row entry of GRPO's batch is laid out: ``prompt`` (left-padded), ``completion`` (right-padded
     along the completion) or ``row`` (one value per row)."""

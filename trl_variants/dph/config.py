@@ -91,6 +91,10 @@ class DPHConfig(DynamicSamplingConfig):
                                                                         "(App. F, JS with a live reference).",
                                                                 "choices": ["generator", "definition"]})
 
+    # own fields a resume may change (_checkpoint.resume_fields): where the offline pass is cached (its key holds
+    # what matters), an error instead of a fallback
+    resume_free_fields = frozenset({"presample_cache_dir", "require_pef"})
+
     def __post_init__(self):
         check_common(self)  # options TRL accepts but that fail after the model load
         super().__post_init__()

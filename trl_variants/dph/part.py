@@ -23,21 +23,13 @@ import torch
 
 from .. import losses
 from .._data import is_stream, read_stream, stream_with_columns
-from .._model import frozen_copy_of_policy, full_parameters, is_peft_model
-from .._offline import (
-    callable_reward_funcs,
-    check_presampled_model,
-    check_prompt_ids,
-    refuse_offline_sampling,
-    sampling_options,
-    trainer_prompt_ids,
-)
-from .._validation import check_presampled_columns, check_stored_columns
+from .._model import frozen_copy_of_policy, is_peft_model
+from .._offline import refuse_offline_sampling, sampling_options, stored_or_computed, trainer_presample
 from ..generation import pack_prompt_completion
 from ..parts import LossTerm, Part, register_part
-from ..presample import PresampleConfig, check_presample_options, presample
+from ..presample import PresampleConfig
 from ..presample.metadata import presample_metadata, summarize
-from ..presample.vllm_backend import trainer_generator
+from ..presample.stored import check_presampled_columns, check_stored_columns
 from .split import dph_split
 
 PRESAMPLE_COLUMNS = ("ref_rewards", "ref_completion_ids", "ref_completion_logps", "ref_prompt_ids")
@@ -68,9 +60,9 @@ class Rehearsal(Part):
         # the split samples one turn per prompt: no tool calls, no environments (refused again by sampling_options)
         refuse_offline_sampling(trainer_name, tools=kwargs.get("tools"),
                                 environments=kwargs.get("environment_factory") is not None)
-        check_presampled_columns(train_dataset, PRESAMPLE_COLUMNS, trainer_name,
-                                 f"--num_samples {args.num_presamples} --record_completion_logps true")
-        check_stored_columns(train_dataset, trainer_name, args, ["ref_completion_logps"])  # values that cannot be true
+        options = f"--num_samples {args.num_presamples} --record_completion_logps true"  # what makes the columns
+        check_presampled_columns(train_dataset, PRESAMPLE_COLUMNS, trainer_name, options)
+        check_stored_columns(train_dataset, trainer_name, options, ["ref_completion_logps"])  # impossible values
 
     # ---------------------------------------------------------------------- stage 1: the offline pass, split ---
     def setup(self, trainer) -> None:
@@ -126,34 +118,14 @@ class Rehearsal(Part):
         )
 
     def _run_presample(self, trainer, dataset, num_samples: int, seed: int):
-        reward_funcs = callable_reward_funcs(trainer, type(trainer).__name__)  # reward models scored as GRPO does
-
-        def fused_scorer(ids, mask):
-            device = trainer.accelerator.device
-            logps, _, _ = trainer._get_per_token_logps_and_entropies(trainer.model, ids.to(device), mask.to(device),
-                                                                     ids.size(1) - 1)
-            return logps
-
-        was_training = trainer.model.training
-        trainer.model.eval()
-        try:
-            with full_parameters(trainer):
-                return presample(trainer.model, trainer.processing_class, dataset, reward_funcs,
-                                 self._presample_config(trainer, num_samples, seed),
-                                 reward_weights=trainer.reward_weights.tolist(), accelerator=trainer.accelerator,
-                                 token_logps_fn=fused_scorer,
-                                 tokenize_fn=lambda prompts: trainer_prompt_ids(trainer, prompts),
-                                 generator=trainer_generator(trainer), trainer_state=trainer.state)
-        finally:
-            trainer.model.train(was_training)
+        return trainer_presample(trainer, dataset, self._presample_config(trainer, num_samples, seed))
 
     def _presampled(self, trainer, dataset):
-        if all(c in dataset.column_names for c in PRESAMPLE_COLUMNS):
-            check_presample_options(dataset, num_samples=self.args.num_presamples, **sampling_options(trainer))
-            check_presampled_model(trainer, dataset)  # made by this model (its weights, in any dtype)
-            check_prompt_ids(trainer, dataset)
-            return dataset
-        return self._run_presample(trainer, dataset, self.args.num_presamples, self.args.seed)
+        """``dataset`` with the k reference samples, their rewards and log-probs: stored, or sampled now."""
+        return stored_or_computed(
+            trainer, dataset, PRESAMPLE_COLUMNS,
+            lambda rows: self._run_presample(trainer, rows, self.args.num_presamples, self.args.seed),
+            num_samples=self.args.num_presamples, **sampling_options(trainer))
 
     def _correctness_index(self, trainer, presampled) -> int:
         """Column of ``ref_rewards_per_func`` whose value decides correctness (``correctness_reward``)."""

@@ -8,6 +8,7 @@ the parts trainer (``trl_variants/parts.py``).
 from __future__ import annotations
 
 from .._citations import DPH, paper
+from ..dapo.part import with_dynamic_sampling
 from ..parts import PartsTrainer
 from .config import DPHConfig
 from .part import Rehearsal
@@ -24,4 +25,4 @@ class DPHTrainer(PartsTrainer):
     _config_suffix = "DPH"
 
     def make_parts(self, args):
-        return [Rehearsal(args)]
+        return with_dynamic_sampling([Rehearsal(args)], args)

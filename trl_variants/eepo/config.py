@@ -77,6 +77,10 @@ class EEPOConfig(DynamicSamplingConfig):
                                         "generate, float32); True: always (refused with vLLM / continuous "
                                         "batching); False: never."})
 
+    # own fields a resume may change (_checkpoint.resume_fields): where stage 2's log-probs are read, not their
+    # values (float32 rounding apart)
+    resume_free_fields = frozenset({"capture_stage2_logps"})
+
     def __post_init__(self):
         check_common(self)  # options TRL accepts but that fail after the model load
         super().__post_init__()

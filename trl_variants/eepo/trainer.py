@@ -7,6 +7,7 @@ The algorithm box is ``eepo/part.py``: one part (``TwoStageRollout``, which owns
 from __future__ import annotations
 
 from .._citations import EEPO, paper
+from ..dapo.part import with_dynamic_sampling
 from ..parts import PartsTrainer
 from .config import EEPOConfig
 from .part import TwoStageRollout
@@ -22,4 +23,4 @@ class EEPOTrainer(PartsTrainer):
     _config_suffix = "EEPO"
 
     def make_parts(self, args):
-        return [TwoStageRollout()]
+        return with_dynamic_sampling([TwoStageRollout()], args)

@@ -62,6 +62,9 @@ class ERPOConfig(DynamicSamplingConfig):
     )
     reference_batch_size: int = field(default=8, metadata={"help": "Prompts per forward in the reference pass."})
 
+    # own fields a resume may change (_checkpoint.resume_fields): a column name, the batching of a no-grad pass
+    resume_free_fields = frozenset({"ref_prompt_logp_column", "reference_batch_size"})
+
     def __post_init__(self):
         check_common(self)  # options TRL accepts but that fail after the model load
         super().__post_init__()

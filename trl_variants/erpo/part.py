@@ -19,10 +19,10 @@ import torch
 from .. import losses
 from .._data import run_on_rows
 from .._model import full_parameters
-from .._offline import check_presampled_model, check_prompt_ids, trainer_prompt_ids
+from .._offline import stored_or_computed, trainer_prompt_ids
 from .._validation import check_finite_column
 from ..parts import Part, register_part
-from ..presample import check_presample_options
+from ..presample.stored import check_stored_columns
 from .reference import add_reference_prompt_logps
 
 
@@ -52,14 +52,16 @@ def provide_reference_prompt_logps(trainer, dataset, split: str):
 
 
 def _with_reference_prompt_logps(trainer, dataset):
+    """``dataset`` with ``l_ref(s)``: the column already there (``trl-variants presample``, or the user's own),
+    checked, or computed now by the reference pass."""
     column = trainer.args.ref_prompt_logp_column
-    if column in dataset.column_names:  # from `trl-variants presample`, or the user's own
-        check_finite_column(dataset, column, "recompute it (drop the column and the trainer runs the reference pass)")
-        check_presample_options(dataset, temperature=trainer.temperature)
-        check_presampled_model(trainer, dataset)  # made by this model (its weights, in any dtype)
-        check_prompt_ids(trainer, dataset)
-        return dataset
+    fix = "recompute it (drop the column and the trainer runs the reference pass)"
+    return stored_or_computed(trainer, dataset, [column], lambda rows: _reference_pass(trainer, rows),
+                              check=lambda rows: check_finite_column(rows, column, fix),
+                              temperature=trainer.temperature)
 
+
+def _reference_pass(trainer, dataset):
     def fused_scorer(ids, mask):
         device = trainer.accelerator.device
         logps, _, _ = trainer._get_per_token_logps_and_entropies(
@@ -68,13 +70,20 @@ def _with_reference_prompt_logps(trainer, dataset):
 
     with torch.no_grad(), full_parameters(trainer):
         return add_reference_prompt_logps(
-            dataset, trainer.model, trainer.processing_class, column=column, temperature=trainer.temperature,
-            batch_size=trainer.args.reference_batch_size, accelerator=trainer.accelerator, token_logps_fn=fused_scorer,
+            dataset, trainer.model, trainer.processing_class, column=trainer.args.ref_prompt_logp_column,
+            temperature=trainer.temperature, batch_size=trainer.args.reference_batch_size,
+            accelerator=trainer.accelerator, token_logps_fn=fused_scorer,
             tokenize_fn=lambda prompts: trainer_prompt_ids(trainer, prompts),
         )
 
 
 REFERENCE_PROMPT_LOGP = MappingProxyType({"ref_prompt_logp": provide_reference_prompt_logps})
+
+
+def check_stored_reference(trainer_name, args, train_dataset) -> None:
+    """A stored ``l_ref(s)`` column (``args.ref_prompt_logp_column``) holds values the offline pass can have made
+    (a sum of log-probs: finite, <= 0); refused before anything loads."""
+    check_stored_columns(train_dataset, trainer_name, None, {"ref_prompt_logp": args.ref_prompt_logp_column})
 
 
 def _mode(trainer) -> str:
@@ -95,6 +104,10 @@ class QueryWeights(Part):
     @classmethod
     def from_config(cls, args) -> QueryWeights:
         return cls(args.query_weight_source)
+
+    def check(self, trainer_name, args, train_dataset, kwargs) -> None:
+        if self.needs:  # the reference weights read l_ref(s)
+            check_stored_reference(trainer_name, args, train_dataset)
 
     def after_scoring(self, trainer, inputs, output) -> None:
         weights = self.weights(trainer, inputs, output)
@@ -151,6 +164,9 @@ class QueryKL(Part):
     @classmethod
     def from_config(cls, args) -> QueryKL:
         return cls(args.query_kl_coef, args.query_kl_estimator)
+
+    def check(self, trainer_name, args, train_dataset, kwargs) -> None:
+        check_stored_reference(trainer_name, args, train_dataset)
 
     def after_scoring(self, trainer, inputs, output) -> None:
         output["ref_prompt_logps"] = torch.tensor(

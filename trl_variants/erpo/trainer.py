@@ -7,6 +7,7 @@ The algorithm box is ``erpo/part.py``: two parts (``QueryWeights``, ``QueryKL``)
 from __future__ import annotations
 
 from .._citations import ERPO, paper
+from ..dapo.part import with_dynamic_sampling
 from ..parts import PartsTrainer
 from .config import ERPOConfig
 from .part import erpo_parts
@@ -25,4 +26,4 @@ class ERPOTrainer(PartsTrainer):
     _config_suffix = "ERPO"
 
     def make_parts(self, args):
-        return erpo_parts(args)
+        return with_dynamic_sampling(erpo_parts(args), args)

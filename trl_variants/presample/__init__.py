@@ -14,10 +14,13 @@ finished shards, and each shard is seeded by its index so the result does not de
 number of processes.
 
 Modules: ``config`` (:class:`PresampleConfig`, the columns), ``runner`` (the pass; its steps :func:`sample_shard` and
-:func:`score_shard`, which ``trl_variants.evaluation`` runs on its chunks), ``logprobs`` (reference
-log-probs), ``reward_calls`` (TRL-signature reward calls), ``cache`` (key and shard files), ``metadata`` (what a
-presampled dataset records, checks against a trainer's options, summary), ``card`` (the Hub dataset card).
-Each algorithm's own use of the pass lives in its sub-package (``erpo.reference``, ``dph.split``).
+:func:`score_shard`, which ``trl_variants.evaluation`` runs on its chunks), ``hf_backend`` / ``vllm_backend`` (the
+generators), ``logprobs`` (reference log-probs), ``reward_calls`` (TRL-signature reward calls), ``cache`` (key and
+shard files), ``metadata`` (what a presampled dataset records, checks against a trainer's options, summary),
+``stored`` (checks of a presampled dataset's columns before a trainer reads them), ``random_state`` (the pass leaves
+it as it found it), ``card`` (the Hub dataset card). How a trainer runs the pass (its prompt ids, reward functions,
+generator; reuse of stored columns) is ``trl_variants._offline``; each algorithm's own use of the pass lives in its
+sub-package (``erpo.reference``, ``dph.split``).
 """
 
 from .cache import cache_key, default_cache_dir

@@ -1,4 +1,6 @@
-"""Calling TRL-signature reward functions outside a trainer: column checks and weighted scoring."""
+"""Calling TRL-signature reward functions outside a trainer: weighted scoring, reward models as functions, and the
+fingerprint that keys cached rewards. The checks of reward functions and their columns (and the checked wrapper the
+trainers use) are :mod:`trl_variants._validation`'s."""
 
 from __future__ import annotations
 
@@ -8,37 +10,14 @@ import inspect
 import json
 import math
 import sys
-from collections.abc import Callable, Sequence
 from importlib import metadata
 
 import torch
 
-from .._validation import CheckedReward, reward_values
+from .._validation import CheckedReward, check_reward_columns, reward_name, reward_values
 
-_TRL_REWARD_KWARGS = {"prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric",
-                      "environments", "kwargs"}
-
-
-def reward_name(func) -> str:
-    return getattr(func, "__name__", type(func).__name__)
-
-
-def check_reward_columns(reward_funcs: Sequence[Callable], column_names: Sequence[str]) -> None:
-    """Raise (naming the function and the column) when a reward function has a required parameter that is neither
-    part of TRL's reward signature nor a dataset column."""
-    for func in reward_funcs:
-        try:
-            params = inspect.signature(func).parameters.values()
-        except (TypeError, ValueError):
-            continue
-        for p in params:
-            if p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL) or p.default is not p.empty:
-                continue
-            if p.name not in _TRL_REWARD_KWARGS and p.name not in column_names:
-                raise ValueError(
-                    f"reward function {reward_name(func)!r} needs the dataset column {p.name!r}, which the dataset "
-                    f"does not have (columns: {list(column_names)}): add it or rename a column to {p.name!r}"
-                )
+__all__ = ["RewardModelReward", "check_reward_columns", "reward_fingerprint", "reward_name", "score_completions",
+           "wrap_reward_models"]
 
 
 class RewardModelReward:

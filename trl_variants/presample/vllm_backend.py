@@ -232,7 +232,7 @@ def trainer_generator(trainer):
     """The generator of a trainer's offline pass: without ``use_vllm`` transformers on the pass's model, as the trainer
     generates: None (``generate``) or, with GRPOConfig's ``use_transformers_continuous_batching`` (``generate_batch``,
     with ``transformers_continuous_batching_config``, ``max_memory_percent`` 0.5 unless set, as TRL sizes it beside
-    training) or ``cache_implementation``, a :class:`~trl_variants.presample.runner.HFGenerator` with them; with
+    training) or ``cache_implementation``, a :class:`~trl_variants.presample.hf_backend.HFGenerator` with them; with
     ``vllm_mode="colocate"`` the trainer's own engine, after pushing the trainer's weights into it with TRL's
     ``sync_weights``; with ``"server"`` TRL's ``VLLMClient`` (weights pushed the same way first; processes other than
     the main one, which has no client, open one for generation only)."""
@@ -242,7 +242,7 @@ def trainer_generator(trainer):
         cache = getattr(args, "cache_implementation", None)
         if not continuous and cache is None:
             return None
-        from .runner import HFGenerator
+        from .hf_backend import HFGenerator
 
         options = None
         if continuous:
