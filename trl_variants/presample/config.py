@@ -182,7 +182,7 @@ class PresampleConfig:
     show_progress: bool = field(default=True, metadata={"help": "Show a progress bar."})
 
     # fields that do not change the result (excluded from the cache key; the backend that runs is keyed instead:
-    # the transformers engine options are part of its name, ``runner.hf_generator_name``, whether they come from
+    # the transformers engine options are part of its name, ``hf_backend.hf_generator_name``, whether they come from
     # here or from a trainer's options)
     _NOT_IN_KEY = ("backend", "use_vllm", "vllm_tensor_parallel_size", "vllm_gpu_memory_utilization",
                    "vllm_max_model_length", "cache_dir", "use_cache", "show_progress",
