@@ -157,7 +157,7 @@ def suite_block() -> str:
         return "The test suite's time on a clean clone is not recorded yet (`bash benchmarks/time_suite.sh`).\n"
     run = json.loads(path.read_text())
     minutes, seconds = divmod(round(run["wall_seconds"]), 60)
-    return (f"On a clean clone it took {minutes} min {seconds:02d} s on {run['cpu_cores']} CPU cores "
+    return (f"On a clean clone it took {minutes} min {seconds:02d} s on {run['cpu_cores']} CPU cores, creating .venv included "
             f"({run['passed']} passed, {run['skipped']} skipped; {_link('results/test_suite/README.md', 'the run')}).\n")
 
 
