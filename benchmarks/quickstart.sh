@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 out=results/quickstart
 cli=${TRL_VARIANTS:-$( [ -x .venv/bin/trl-variants ] && echo .venv/bin/trl-variants || echo trl-variants )}
-mkdir -p "$out"
+mkdir -p "$out" outputs   # outputs/: the run's own folder and its stderr (absent in a fresh clone)
 start=$(date +%s.%N)
 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 "$cli" train erpo > "$out/train_erpo.log" 2> outputs/quickstart_stderr.log
 end=$(date +%s.%N)
