@@ -36,7 +36,7 @@ def run(eps_low, eps_high, eta, ds, out_dir):
     rows = [p for p in prompts for _ in range(8)]
     torch.manual_seed(0)
     comps, _ = trainer._generate_single_turn(rows, None, {}, 8)
-    old = trainer._pending_old_logps
+    old = trainer.part("eepo_two_stage_rollout").pending_old_logps
     stage1 = [i for i in range(len(rows)) if i % 8 < 4]
     stage2 = [i for i in range(len(rows)) if i % 8 >= 4]
     p1 = [math.exp(x) for i in stage1 for x in old[i]]

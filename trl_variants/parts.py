@@ -157,6 +157,39 @@ class Part:
 
 
 # ------------------------------------------------------------------------------------------- the registry ---
+class PartAttribute:
+    """A trainer attribute that reads and sets an attribute of one of its parts: ``_pef_pos = PartAttribute(
+    "dph_rehearsal", "pef_pos")`` on a trainer class makes ``trainer._pef_pos`` the rehearsal part's ``pef_pos``. The
+    state stays with the part (checkpointed by it); code that reaches it through the trainer keeps working."""
+
+    def __init__(self, part_name: str, attribute: str):
+        self.part_name, self.attribute = part_name, attribute
+
+    def __set_name__(self, owner, name: str) -> None:
+        self.name = name
+
+    def _part(self, trainer) -> Part | None:
+        return next((p for p in getattr(trainer, "parts", ()) if p.name == self.part_name), None)
+
+    def __get__(self, trainer, owner=None):
+        if trainer is None:
+            return self
+        part = self._part(trainer)
+        if part is not None:
+            return getattr(part, self.attribute)
+        if self.name in trainer.__dict__:  # set on a trainer without the part: a plain attribute, as before
+            return trainer.__dict__[self.name]
+        # an AttributeError: hasattr(trainer, ...) is False on a trainer without the part
+        raise AttributeError(f"{type(trainer).__name__} has no part {self.part_name!r}, which holds {self.attribute!r}")
+
+    def __set__(self, trainer, value) -> None:
+        part = self._part(trainer)
+        if part is None:
+            trainer.__dict__[self.name] = value
+        else:
+            setattr(part, self.attribute, value)
+
+
 _REGISTRY: dict[str, type[Part]] = {}
 _BUILTIN = {"erpo_query_weights": "erpo.part", "erpo_query_kl": "erpo.part", "dph_rehearsal": "dph.part",
             "eepo_two_stage_rollout": "eepo.part", "dapo_dynamic_sampling": "dapo.part"}  # each registers on import
@@ -252,7 +285,11 @@ class PartsTrainer(TrainerBase):
         return getattr(self.args, "loss_combination", "sum")
 
     def part(self, name: str) -> Part:
-        return next(p for p in self.parts if p.name == name)
+        """This trainer's part named ``name``."""
+        found = [p for p in self.parts if p.name == name]
+        if not found:
+            raise KeyError(f"{type(self).__name__} has no part named {name!r} (its parts: {[p.name for p in self.parts]})")
+        return found[0]
 
     # ---------------------------------------------------------------------------- reference quantities (once) ---
     def _provide(self, dataset, split: str):

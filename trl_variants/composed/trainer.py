@@ -5,7 +5,7 @@ of your own (docs/parts.md). Each built-in part is the method's own (``erpo/part
 from __future__ import annotations
 
 from .._citations import DPH, EEPO, ERPO, GRPO
-from ..parts import Part, PartsTrainer, part_class
+from ..parts import Part, PartAttribute, PartsTrainer, part_class
 from .config import ComposedConfig
 
 
@@ -17,6 +17,11 @@ class ComposedTrainer(PartsTrainer):
     _paper = {"citation": "\n\n".join([ERPO, DPH, EEPO, GRPO])}  # every paper whose part it can run, and GRPO
     _config_class = ComposedConfig
     _config_suffix = "Composed"
+    # state its parts hold (checkpointed by them), read through the trainer as on DPHTrainer and EEPOTrainer; an
+    # AttributeError when the part is not among this trainer's
+    _pef_epoch = PartAttribute("dph_rehearsal", "pef_epoch")
+    _pef_pos = PartAttribute("dph_rehearsal", "pef_pos")
+    _entropy_history = PartAttribute("eepo_two_stage_rollout", "entropy_history")
 
     def make_parts(self, args):
         """A Part instance of ``args.parts`` as it is; a name: its registered class's ``from_config(args)``."""

@@ -38,8 +38,8 @@ PRESAMPLE_COLUMNS = ("ref_rewards", "ref_completion_ids", "ref_completion_logps"
 @register_part
 class Rehearsal(Part):
     """The D_pef rehearsal term (and, in the definition form, App. F's D_exp term). The trainer holds the split:
-    ``pef_dataset``, ``split_stats``, the D_exp ``train_dataset``, the D_pef stream position ``_pef_epoch`` /
-    ``_pef_pos`` (checkpointed). Loss terms ``dph_pef`` (eta L_pef) and, in the definition form, ``dph_js_exp``
+    ``pef_dataset``, ``split_stats``, the D_exp ``train_dataset``; the part holds the D_pef stream position
+    ``pef_epoch`` / ``pef_pos`` (checkpointed through :meth:`state`). Loss terms ``dph_pef`` (eta L_pef) and, in the definition form, ``dph_js_exp``
     (beta1 KL on D_exp). Metrics: ``dph/loss_exp``, ``dph/loss_pef``, ``dph/log_u_mean``, ``dph/num_pef_rows``,
     ``dph/num_exp_prompts`` (``dph/js_exp_term`` in the definition form)."""
 
@@ -102,8 +102,7 @@ class Rehearsal(Part):
                              f"{args.num_generations} = {per_batch}): training would run 0 steps. Lower "
                              "per_device_train_batch_size (or steps_per_generation), raise pef_threshold, or train on "
                              "more prompts")
-        trainer._pef_epoch, trainer._pef_pos = 0, 0  # position in the global D_pef stream (checkpointed)
-        self.trainer = trainer
+        self.pef_epoch, self.pef_pos = 0, 0  # position in the global D_pef stream (checkpointed)
         if self.definition:
             # GRPO computes the rollouts' reference log-probs when beta != 0; its own KL term stays off (the loss
             # below runs GRPO's with beta = 0). beta1 = eta |D_pef| / |D_exp| (App. F, eq. 16).
@@ -158,10 +157,10 @@ class Rehearsal(Part):
 
     # ---------------------------------------------------------------------------------- the D_pef stream ---
     def state(self) -> dict:
-        return {"pef_epoch": self.trainer._pef_epoch, "pef_pos": self.trainer._pef_pos}
+        return {"pef_epoch": self.pef_epoch, "pef_pos": self.pef_pos}
 
     def load_state(self, state: dict) -> None:
-        self.trainer._pef_epoch, self.trainer._pef_pos = state["pef_epoch"], state["pef_pos"]
+        self.pef_epoch, self.pef_pos = state["pef_epoch"], state["pef_pos"]
 
     def _pef_order(self, trainer, epoch: int) -> list[int]:
         """The seeded permutation of D_pef for ``epoch`` (the same on every process)."""
@@ -174,16 +173,16 @@ class Rehearsal(Part):
         One infinite, shuffled stream for all processes: each micro-step takes the next ``pef_batch_size x
         num_processes`` rows of it (wrapping into the next epoch's permutation mid-batch) and process ``r`` keeps
         slice ``r``. So a global step rehearses the same rows with 1 or N processes (same global batch), and every
-        process holds the same stream position (``_pef_epoch``, ``_pef_pos``: checkpointed)."""
+        process holds the same stream position (``pef_epoch``, ``pef_pos``: checkpointed)."""
         size, world, rank = self.args.pef_batch_size, trainer.accelerator.num_processes, trainer.accelerator.process_index
         rows = []
         while len(rows) < size * world:
-            order = self._pef_order(trainer, trainer._pef_epoch)
-            take = order[trainer._pef_pos : trainer._pef_pos + size * world - len(rows)]
+            order = self._pef_order(trainer, self.pef_epoch)
+            take = order[self.pef_pos : self.pef_pos + size * world - len(rows)]
             rows += take
-            trainer._pef_pos += len(take)
-            if trainer._pef_pos >= len(order):
-                trainer._pef_epoch, trainer._pef_pos = trainer._pef_epoch + 1, 0
+            self.pef_pos += len(take)
+            if self.pef_pos >= len(order):
+                self.pef_epoch, self.pef_pos = self.pef_epoch + 1, 0
         return trainer.pef_dataset.select(rows[rank * size : (rank + 1) * size])
 
     @staticmethod

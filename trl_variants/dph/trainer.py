@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from .._citations import DPH, paper
 from ..dapo.part import with_dynamic_sampling
-from ..parts import PartsTrainer
+from ..parts import PartAttribute, PartsTrainer
 from .config import DPHConfig
 from .part import Rehearsal
 
@@ -23,6 +23,9 @@ class DPHTrainer(PartsTrainer):
                    "Learning with Verifiable Reward", "2509.07430", DPH)
     _config_class = DPHConfig
     _config_suffix = "DPH"
+    # the D_pef stream position, held (and checkpointed) by the rehearsal part
+    _pef_epoch = PartAttribute("dph_rehearsal", "pef_epoch")
+    _pef_pos = PartAttribute("dph_rehearsal", "pef_pos")
 
     def make_parts(self, args):
         return with_dynamic_sampling([Rehearsal(args)], args)

@@ -214,8 +214,8 @@ def _separate_forward_reason(trainer) -> str | None:
 
 @register_part
 class TwoStageRollout(Part):
-    """The rollout of eq. 4-11. The trainer holds the gate's state ``_entropy_history`` (checkpointed) and, between
-    the rollout and its scoring, ``_pending_old_logps`` / ``_pending_stage2``. Metrics: ``eepo/entropy_stage1``,
+    """The rollout of eq. 4-11. The part holds the gate's state ``entropy_history`` (checkpointed through
+    :meth:`state`) and, between the rollout and its scoring, ``pending_old_logps`` / ``pending_stage2``. Metrics: ``eepo/entropy_stage1``,
     ``eepo/entropy_moving_avg``, ``eepo/gate``, ``eepo/unlearning_loss``, ``eepo/entropy_stage2``,
     ``eepo/stage1_logp_change``."""
 
@@ -232,9 +232,10 @@ class TwoStageRollout(Part):
         if args.entropy_gate != "never" and params_sharded(trainer):
             raise ValueError("EEPO's unlearning step edits full parameters in place: it supports DDP, ZeRO-1/2 and "
                              "PEFT, not ZeRO-3 or FSDP (use zero2.yaml, or entropy_gate='never')")
-        trainer._entropy_history = collections.deque(maxlen=args.entropy_window)
-        trainer._pending_old_logps = None  # per row, set by an unlearning rollout
-        trainer._pending_stage2 = None  # that rollout's stage-2 rows
+        self.window = args.entropy_window
+        self.entropy_history = collections.deque(maxlen=self.window)
+        self.pending_old_logps = None  # per row, set by an unlearning rollout
+        self.pending_stage2 = None  # that rollout's stage-2 rows
         self.capture = _captures_stage2(trainer)
         reason = _separate_forward_reason(trainer) if args.capture_stage2_logps is None else None
         if reason and args.entropy_gate != "never":
@@ -242,20 +243,18 @@ class TwoStageRollout(Part):
                           f"read while generating {reason}. They are scored in a separate no-grad forward instead "
                           "(one more forward per rollout). Set capture_stage2_logps=False to choose that explicitly "
                           "and silence this warning", stacklevel=2)
-        self.trainer = trainer
 
     # ------------------------------------------------------------------------------------ checkpoint state ---
     def state(self) -> dict:
-        return {"entropy_history": list(self.trainer._entropy_history)}
+        return {"entropy_history": list(self.entropy_history)}
 
     def load_state(self, state: dict) -> None:
-        self.trainer._entropy_history = collections.deque(state["entropy_history"],
-                                                          maxlen=self.trainer.args.entropy_window)
+        self.entropy_history = collections.deque(state["entropy_history"], maxlen=self.window)
 
     # ------------------------------------------------------------------------------------------ the rollout ---
     def generate(self, trainer, grpo_generate, prompt_ids, images, multimodal_fields, num_generations,
                  has_tool_images=False):
-        trainer._pending_old_logps = trainer._pending_stage2 = None
+        self.pending_old_logps = self.pending_stage2 = None
         if not trainer.model.training or trainer.args.entropy_gate == "never":
             return grpo_generate(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
         if images is not None or multimodal_fields:
@@ -267,7 +266,7 @@ class TwoStageRollout(Part):
 
         # 1. stage 1 from the current policy (k1 consecutive copies of each prompt, as vLLM server mode expects)
         model = trainer.accelerator.unwrap_model(trainer.model)
-        with self._reader(model) if trainer.args.entropy_gate == "auto" else contextlib.nullcontext() as reader:
+        with self._reader(trainer, model) if trainer.args.entropy_gate == "auto" else contextlib.nullcontext() as reader:
             c1, lp1 = grpo_generate(p1, None, {}, k1)  # "auto": read while generating, a closed gate needs no forward
         read1 = self._read(reader, c1, stage=1)
         # 2. entropy gate: stage 1's entropy read while generating it, or from the forward with grad whose log-probs
@@ -279,8 +278,8 @@ class TwoStageRollout(Part):
         else:
             _, ent1, mask1 = read1
         h_t = trainer.global_mean(ent1.detach(), mask1)
-        trainer._entropy_history.append(h_t)
-        h_bar = sum(trainer._entropy_history) / len(trainer._entropy_history)
+        self.entropy_history.append(h_t)
+        h_bar = sum(self.entropy_history) / len(self.entropy_history)
         unlearn = trainer.args.entropy_gate == "always" or h_bar < trainer.args.entropy_threshold
         metrics = trainer._metrics["train"]
         metrics["eepo/entropy_stage1"].append(h_t)
@@ -316,7 +315,7 @@ class TwoStageRollout(Part):
             # 4. stage 2 from the unlearned rollout model, scored under it (its old log-probs and entropy): read
             #    while generating, or in a separate forward; on rollouts that will be logged stage 1 is re-scored
             #    under it too (how much the step lowered it)
-            with self._reader(model) as reader:
+            with self._reader(trainer, model) as reader:
                 c2, lp2 = grpo_generate(p2, None, {}, k2)
             captured = self._read(reader, c2, stage=2)
             measure_drop = _rollout_is_logged(trainer)
@@ -348,16 +347,16 @@ class TwoStageRollout(Part):
         # old log-probs: stage 1 under the policy (= the pre-step weights), stage 2 under the unlearned weights
         rows1 = [lp[m.bool()].tolist() for lp, m in zip(before1, mask1, strict=True)]
         rows2 = [lp[m.bool()].tolist() for lp, m in zip(old2, mask2, strict=True)]
-        trainer._pending_old_logps = _interleave(stage1, stage2, rows1, rows2, None, None)[0]
-        trainer._pending_stage2 = stage2
+        self.pending_old_logps = _interleave(stage1, stage2, rows1, rows2, None, None)[0]
+        self.pending_stage2 = stage2
         return _interleave(stage1, stage2, c1, c2, lp1, lp2)
 
-    def _reader(self, model):
+    def _reader(self, trainer, model):
         """What reads log-probs while ``generate`` samples (nothing when this rollout does not read them)."""
         if not self.capture:
             return contextlib.nullcontext()
         return _LogpsWhileGenerating(model.get_base_model() if is_peft_model(model) else model,
-                                     self.trainer.temperature)
+                                     trainer.temperature)
 
     def _read(self, reader, completions, stage: int):
         """``(logps, entropies, mask)`` read while generating ``completions``, or None: not read, or (warned once,
@@ -375,8 +374,8 @@ class TwoStageRollout(Part):
     def after_rollout(self, trainer, inputs, output) -> None:
         """Each row's old log-probs (and, with vLLM, its sampler/trainer correction) taken against the weights that
         sampled it: stage 1 the policy (TRL's own values), stage 2 the unlearned model."""
-        rows, stage2 = trainer._pending_old_logps, trainer._pending_stage2
-        trainer._pending_old_logps = trainer._pending_stage2 = None
+        rows, stage2 = self.pending_old_logps, self.pending_stage2
+        self.pending_old_logps = self.pending_stage2 = None
         if rows is None:  # no unlearning step: every row came from the policy, TRL's output is right as is
             return
         old = torch.zeros_like(output["completion_ids"], dtype=torch.float32)
