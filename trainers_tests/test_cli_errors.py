@@ -87,6 +87,14 @@ def test_a_config_that_names_nothing_is_a_one_line_error(capsys, monkeypatch, no
     assert "`trl-variants recipes` lists them" in line  # the fix
 
 
+@pytest.mark.parametrize("command", ["train", "evaluate"])
+def test_a_config_followed_by_a_flag_says_its_value_is_missing(capsys, monkeypatch, no_model_load, tmp_path, command):
+    argv = [command, *(["erpo"] if command == "train" else []), "--config", "--output_dir", str(tmp_path)]
+    line = _error(capsys, monkeypatch, argv)
+    assert line.startswith("trl-variants: error: --config needs a value (a shipped recipe's name or a YAML file), "
+                           "got the flag --output_dir: write `--config <recipe or file> --output_dir ...`")
+
+
 def test_a_config_that_does_not_parse_is_a_one_line_error(capsys, monkeypatch, no_model_load, tmp_path):
     recipe = tmp_path / "broken.yaml"
     recipe.write_text("learning_rate: [1e-6\nmax_steps: : 2\n")

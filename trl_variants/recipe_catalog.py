@@ -41,6 +41,9 @@ def resolve_recipe(value: str, method: str | None = None, files: bool = True) ->
     folder, then in the others if only one has it), or a clone's path ``configs/erpo/qwen2.5-math-7b.yaml`` (so a
     recipe header's launch command works without a clone). ``files=False``: shipped recipes only."""
     path = Path(value).expanduser()
+    if value.startswith("-") and not path.is_file():  # `--config --output_dir out`: the value is missing
+        raise ValueError(f"needs a value (a shipped recipe's name or a YAML file), got the flag {value}: write "
+                         f"`--config <recipe or file> {value} ...`")  # the callers say "--config" first
     if files and path.is_file():
         return path
     name = value.replace("\\", "/").removeprefix("./").removeprefix("configs/")
