@@ -186,6 +186,8 @@ class CheckpointStateMixin:
             if resume_from_checkpoint is True:
                 resume_from_checkpoint = self._last_complete_checkpoint()
             self._restore_record(resume_from_checkpoint)
+            if self.args.process_index == 0:
+                print(resume_line(type(self).__name__, resume_from_checkpoint, self.args.max_steps))
         token = _TRAINING.set(self)
         try:
             return super().train(resume_from_checkpoint, *args, **kwargs)
@@ -212,6 +214,13 @@ class CheckpointStateMixin:
     def _restore_record(self, checkpoint: str) -> None:
         record = check_checkpoint_record(checkpoint, type(self).__name__, self.args)
         self._load_extra_state(record.get("algorithm_state", {}))
+
+
+def resume_line(trainer_name: str, checkpoint: str, max_steps: int) -> str:
+    """What a resumed run says first: the checkpoint and the step training continues from."""
+    step = TrainerState.load_from_json(os.path.join(checkpoint, TRAINER_STATE_NAME)).global_step
+    until = f" to step {max_steps}" if max_steps and max_steps > 0 else ""
+    return f"{trainer_name}: resuming from {checkpoint} (after step {step}; training continues{until})"
 
 
 def check_checkpoint_record(checkpoint: str, trainer_name: str, args) -> dict:

@@ -362,7 +362,7 @@ RESUME_FLAGS = ["--embedded_train_size", "32", "--embedded_test_size", "8", "--p
 
 
 @pytest.mark.slow
-def test_resume_true_from_the_command_line_continues_the_last_checkpoint(tmp_path, monkeypatch):
+def test_resume_true_from_the_command_line_continues_the_last_checkpoint(tmp_path, monkeypatch, capsys):
     import transformers
 
     from trl_variants.cli import main
@@ -380,6 +380,9 @@ def test_resume_true_from_the_command_line_continues_the_last_checkpoint(tmp_pat
     monkeypatch.setattr(transformers.Trainer, "train", spy)
     main(["train", "erpo", *RESUME_FLAGS, "--output_dir", out, "--max_steps", "3", "--resume_from_checkpoint", "true"])
     assert resumed_from == [os.path.join(out, "checkpoint-2")]
+    checkpoint = os.path.join(out, "checkpoint-2")
+    said = f"ERPOTrainer: resuming from {checkpoint} (after step 2; training continues to step 3)"
+    assert said in capsys.readouterr().out
     state = json.loads((Path(out) / "checkpoint-3" / "trainer_state.json").read_text())
     assert state["global_step"] == 3
     assert [h["step"] for h in state["log_history"] if "loss" in h] == [1, 2, 3]

@@ -8,7 +8,7 @@ import pytest
 from transformers import PreTrainedModel, TrainerState
 
 from trl_variants import ComposedConfig, ComposedTrainer, EEPOConfig, EEPOTrainer, accuracy_reward
-from trl_variants._checkpoint import RECORD_FORMAT, TrlVariantsCheckpoint, resume_fields
+from trl_variants._checkpoint import RECORD_FORMAT, TrlVariantsCheckpoint, resume_fields, resume_line
 
 from ..helpers import DEFAULT_MODEL_PATH, TRAINERS, small_config, train_dataset
 
@@ -111,3 +111,10 @@ def test_a_run_may_resume_with_the_lazy_stage_1_switched():
     full = resume_fields(APOConfig(**common))
     assert resume_fields(APOConfig(lazy_value_pass=True, lazy_value_chunk_size=8, **common)) == full
     assert resume_fields(APOConfig(value_beta=0.25, **common)) != full
+
+
+def test_the_resume_line_names_the_checkpoint_and_its_step(tmp_path):
+    TrainerState(global_step=7).save_to_json(str(tmp_path / "trainer_state.json"))
+    assert resume_line("DPHTrainer", str(tmp_path), 20) == \
+        f"DPHTrainer: resuming from {tmp_path} (after step 7; training continues to step 20)"
+    assert resume_line("DPHTrainer", str(tmp_path), -1).endswith("(after step 7; training continues)")
