@@ -3,7 +3,7 @@
 One pass of the frozen reference policy over the training prompts, run once before RL starts:
 
 * ERPO needs ``l_ref(s)``, the reference log-likelihood of every prompt (one forward pass, no sampling);
-* A*-PO needs N sampled completions per prompt, their rewards and ``V_hat(x)`` (:func:`losses.optimal_value`);
+* A*-PO needs N sampled completions per prompt, their rewards and ``V_hat(x)`` (its eq. 1, ``apo/value.py``);
 * DPH-RL needs k sampled completions per prompt, their rewards, and for the correct ones the per-token reference
   log-probs (then ``trl_variants.dph.split.dph_split`` separates near-perfect prompts from the exploration set).
 
@@ -17,10 +17,11 @@ Modules: ``config`` (:class:`PresampleConfig`, the columns), ``runner`` (the pas
 :func:`score_shard`, which ``trl_variants.evaluation`` runs on its chunks), ``hf_backend`` / ``vllm_backend`` (the
 generators), ``logprobs`` (reference log-probs), ``reward_calls`` (TRL-signature reward calls), ``cache`` (key and
 shard files), ``metadata`` (what a presampled dataset records, checks against a trainer's options, summary),
-``stored`` (checks of a presampled dataset's columns before a trainer reads them), ``random_state`` (the pass leaves
+``stored`` (checks of a presampled dataset's columns before a trainer reads them), ``summaries`` (per-prompt
+columns computed from the rewards, each declared by the method that reads it), ``random_state`` (the pass leaves
 it as it found it), ``card`` (the Hub dataset card). How a trainer runs the pass (its prompt ids, reward functions,
 generator; reuse of stored columns) is ``trl_variants._offline``; each algorithm's own use of the pass lives in its
-sub-package (``erpo.reference``, ``dph.split``).
+sub-package (``erpo.reference``, ``dph.split``, ``apo.value``).
 """
 
 from .cache import cache_key, default_cache_dir

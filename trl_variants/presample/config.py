@@ -18,7 +18,8 @@ COLUMNS = {
     "ref_completion_logps": "per-token reference log-probs of each completion, at the sampling temperature "
     "(list[list[float]]; only with record_completion_logps)",
     "ref_prompt_logp": "l_ref(s): sum of the prompt's token log-probs, first token skipped (float; record_prompt_logp)",
-    "ref_value": "V_hat(x) = beta * log mean exp(r / beta) over the N rewards (float; only with value_beta)",
+    "ref_value": "V_hat(x) = beta * log mean exp(r / beta) over the N rewards (float; only with value_beta; A*-PO's "
+    "eq. 1, declared in trl_variants/apo/value.py)",
     "ref_presample_info": "how the pass was made: options, cache key, reward function names (a JSON string, the same "
     "in every row; trainers check it against their own options)",
 }

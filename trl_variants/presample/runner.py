@@ -30,6 +30,7 @@ from .logprobs import check_prompt_lengths, completion_token_logps, prompt_logps
 from .metadata import summarize, with_metadata
 from .random_state import preserved_random_state
 from .reward_calls import reward_fingerprint, reward_name, score_completions
+from .summaries import requested
 from .vllm_backend import (
     ServerGenerator,
     VLLMGenerator,
@@ -97,10 +98,10 @@ def sample_shard(rows, prompt_ids, row_indices, shard_index, model, tokenizer, c
 def score_shard(out, rows, config, reward_funcs, reward_weights, trainer_state=None) -> int:
     """Score the completions of a shard sampled by :func:`sample_shard` in place, calling ``reward_funcs`` with
     GRPOTrainer's reward signature (the rows' other columns as keyword arguments): each prompt's ``ref_rewards`` (the
-    ``reward_weights``-weighted sum), ``ref_rewards_per_func`` (one value per function, NaN where it gave none) and,
-    with ``config.value_beta``, ``ref_value``. Returns how many completions got no reward from any function."""
-    from ..losses import optimal_value
-
+    ``reward_weights``-weighted sum), ``ref_rewards_per_func`` (one value per function, NaN where it gave none) and
+    the summaries of the rewards ``config`` asks for (:mod:`.summaries`: ``ref_value`` with ``value_beta``). Returns
+    how many completions got no reward from any function."""
+    summaries = requested(config)
     n = config.num_samples
     conversational = isinstance(rows[0]["prompt"], list)
     texts = [t for o in out for t in o["ref_completions"]]
@@ -112,9 +113,9 @@ def score_shard(out, rows, config, reward_funcs, reward_weights, trainer_state=N
     for i, o in enumerate(out):
         o["ref_rewards"] = total[i * n : (i + 1) * n]
         o["ref_rewards_per_func"] = per_func[i * n : (i + 1) * n]
-        if config.value_beta is not None:  # V_hat over the completions that have a reward (NaN if none has)
-            finite = torch.tensor([r for r in o["ref_rewards"] if not math.isnan(r)], dtype=torch.float64)
-            o["ref_value"] = float(optimal_value(finite, config.value_beta)) if finite.numel() else math.nan
+        finite = [r for r in o["ref_rewards"] if not math.isnan(r)]  # a completion without a reward is left out
+        for summary, parameter in summaries:
+            o[summary.column] = summary.compute(finite, parameter) if finite else math.nan
     return sum(math.isnan(r) for r in total)
 
 

@@ -4,11 +4,11 @@ for another trainer (:func:`check_presampled_columns`), or holding values the pa
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 
-from .._validation import _rows, _shown, check_finite_column
+from .._validation import _rows, check_finite_column
 from .config import COLUMNS
+from .summaries import reward_summary
 
 
 def check_presampled_columns(dataset, needed, trainer_name: str, option: str) -> None:
@@ -64,8 +64,8 @@ def check_stored_columns(dataset, trainer_name: str, options: str | None, reads)
     * ``ref_prompt_logp``: not a finite number, or above 0 (a sum of log-probs; :data:`LOGP_TOLERANCE` allowed);
     * ``ref_completion_logps``: not one list per completion of ``ref_completion_ids``, not one value per completion
       token (a loss would pad the missing ones with log-prob 0), a value above 0 or not finite;
-    * ``ref_value``: None or infinite, or not between the smallest and largest of the row's finite ``ref_rewards``
-      (V_hat is a soft maximum of them; NaN when none is finite).
+    * a column computed from the rewards (``ref_value``): by the check its method registered with it
+      (:mod:`~trl_variants.presample.summaries`).
 
     A stream (``IterableDataset``) is not read: its rows would be consumed before training; the trainers' own
     checks of the columns apply when the offline pass reads it."""
@@ -90,8 +90,10 @@ def check_stored_columns(dataset, trainer_name: str, options: str | None, reads)
                              f"not made by the offline pass for these prompts. Fix: {fix('ref_prompt_logp')}")
     if "ref_completion_logps" in reads and {"ref_completion_logps", "ref_completion_ids"} <= set(columns):
         _check_completion_logps(dataset, trainer_name, fix("ref_completion_logps"))
-    if "ref_value" in reads and "ref_value" in columns:
-        _check_values(dataset, trainer_name, fix("ref_value"))
+    for kind in reads:  # a column computed from the rewards: checked by the method that declared it
+        summary = reward_summary(kind) if kind in columns else None
+        if summary is not None and summary.check is not None:
+            summary.check(dataset, trainer_name, fix(kind))
 
 
 def _check_completion_logps(dataset, trainer_name: str, fix: str) -> None:
@@ -137,33 +139,3 @@ def _check_completion_logps(dataset, trainer_name: str, fix: str) -> None:
 
 def _len(value) -> str:
     return "None" if not value.is_valid else str(len(value))
-
-
-def _check_values(dataset, trainer_name: str, fix: str) -> None:
-    values = dataset["ref_value"]
-    rewards = dataset["ref_rewards"] if "ref_rewards" in dataset.column_names else [None] * len(values)
-    bad, example = [], None
-    for i, (v, rs) in enumerate(zip(values, rewards, strict=True)):
-        finite = [r for r in rs or [] if isinstance(r, int | float) and math.isfinite(r)]
-        if isinstance(v, bool) or not isinstance(v, int | float) or math.isinf(v):
-            why = None
-        elif rs is None:
-            continue  # no rewards to compare with
-        elif math.isnan(v):
-            if not finite:
-                continue  # no sample got a reward: no value estimate (A*-PO leaves the prompt out)
-            why = f"{v!r} for rewards {_shown(rs)}"
-        elif not finite or not (min(finite) - _tolerance(finite) <= v <= max(finite) + _tolerance(finite)):
-            why = f"{v!r} for rewards {_shown(rs)}"
-        else:
-            continue
-        bad.append(i)
-        example = example or f"row {i}: {why or _shown(v)}"
-    if bad:
-        raise ValueError(f"{trainer_name}: column 'ref_value' holds V_hat(x), a soft maximum of the row's 'ref_rewards' "
-                         f"(between their smallest and largest; NaN when none is finite), but {_rows(bad)} do not "
-                         f"(e.g. {example}). Fix: {fix}")
-
-
-def _tolerance(values) -> float:
-    return 1e-4 * (1.0 + max(abs(x) for x in values))
