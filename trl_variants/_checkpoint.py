@@ -79,7 +79,9 @@ def resume_fields(args) -> dict:
     :data:`RESUME_FIELDS` and every field the trainer's config adds to GRPOConfig, except its :func:`free_fields`."""
     grpo, free = {f.name for f in dataclasses.fields(GRPOConfig)}, free_fields(type(args))
     own = [f.name for f in dataclasses.fields(args) if f.name not in grpo and f.name not in free]
-    return {name: _plain(getattr(args, name)) for name in (*RESUME_FIELDS, *own) if hasattr(args, name)}
+    unordered = getattr(type(args), "resume_unordered_fields", ())  # lists whose order cannot change the result
+    return {name: sorted(_plain(getattr(args, name))) if name in unordered else _plain(getattr(args, name))
+            for name in (*RESUME_FIELDS, *own) if hasattr(args, name)}
 
 
 class TrlVariantsCheckpoint(TrainerCallback, ExportableState):

@@ -10,8 +10,8 @@ train_dataset, kwargs)``
 ``needs``                     reference quantities the part reads, ``{name: provide(trainer, dataset, split)}``
                               (e.g. ERPO's ``ref_prompt_logp``): computed once per dataset, however many parts
                               ask for it (:meth:`PartsTrainer._provide`)
-``setup(trainer)``            once, after ``GRPOTrainer.__init__`` (inside the trainer's offline pass when the part
-                              sets ``offline_pass``): prepare datasets, the part's state
+``setup(trainer)``            once, after ``GRPOTrainer.__init__`` (inside the trainer's offline pass when any
+                              part sets ``offline_pass`` or has ``needs``): prepare datasets, the part's state
 ``eval_columns(trainer, d)``  the same for an evaluation dataset
 ``owns_rollout`` /            the part replaces GRPO's sampling of a batch (``_generate_single_turn``); at most
 ``generate(...)``             one part may
@@ -34,9 +34,9 @@ batch_losses)``               the rollout batch), for the part's own metrics
 ``state()`` /                 the part's checkpointed state (JSON; keys unique across parts)
 ``load_state(state)``
 ============================  ==============================================================================
-Metrics go through ``trainer.log_metric(name, value)`` (``trainer._metrics[mode]``) under the part's prefix
-(``erpo/...``); the trainer logs each loss term under ``loss/<name>``. A part that reads more than its own rows
-uses the trainer's global helpers (:meth:`PartsTrainer.global_token_mean`, :meth:`PartsTrainer.global_mean`), so
+Metrics go into ``trainer._metrics[mode]`` (``trainer.log_metric(name, value)`` for a part of one's own) under the
+part's prefix (``erpo/...``); the trainer logs each loss term under ``loss/<name>``. A part that reads more than its own
+rows uses the trainer's global helpers (:meth:`PartsTrainer.global_token_mean`, :meth:`PartsTrainer.global_mean`), so
 that it trains the same on N processes as on one.
 
 A part's class is registered by its ``name`` (:func:`register_part`, the built-in parts included), so that a
@@ -275,6 +275,7 @@ class PartsTrainer(TrainerBase):
         with self.offline_pass() if offline else nullcontext():  # its numbers reach the first log
             for part in self.parts:  # first: a part may replace the training set (DPH-RL: D_exp)
                 part.setup(self)
+            self._extra_state()  # now, not at the first save: two parts keeping one state key are refused
             self.train_dataset = self._provide(self.train_dataset, "train")  # then the needs, on what is trained
             self.prepare_eval_datasets()
 
@@ -288,7 +289,8 @@ class PartsTrainer(TrainerBase):
         """This trainer's part named ``name``."""
         found = [p for p in self.parts if p.name == name]
         if not found:
-            raise KeyError(f"{type(self).__name__} has no part named {name!r} (its parts: {[p.name for p in self.parts]})")
+            raise KeyError(f"{type(self).__name__} has no part named {name!r} (its parts: "
+                           f"{[p.name for p in self.parts]})")
         return found[0]
 
     # ---------------------------------------------------------------------------- reference quantities (once) ---
@@ -371,11 +373,13 @@ class PartsTrainer(TrainerBase):
         finally:
             self._policy_forward = None
         terms: dict[str, LossTerm] = {}
+        owner: dict[str, str] = {}
         for part in sorted(self.parts, key=lambda p: p.name):  # one order, whatever the order of the list
             for name, term in part.loss(self, model, inputs, forward).items():
                 if name in terms:
-                    raise ValueError(f"two parts name a loss term {name!r}: term names must be unique")
-                terms[name] = term if isinstance(term, LossTerm) else LossTerm(term)
+                    raise ValueError(f"the parts {owner[name]!r} and {part.name!r} both return a loss term named "
+                                     f"{name!r}: term names must be unique (rename one part's term)")
+                terms[name], owner[name] = (term if isinstance(term, LossTerm) else LossTerm(term)), part.name
         return self.combine_loss(loss, terms, inputs)
 
     def combine_loss(self, grpo_loss, terms: dict, inputs):
@@ -386,10 +390,12 @@ class PartsTrainer(TrainerBase):
         each batch's loss by its rows on this process, ``sum_b n_b L_b / sum_b n_b`` (DPH-RL's authors' code: the
         rollout batch and the D_pef batch as one batch of rows). Each term is logged under ``loss/<name>``; then
         every part's :meth:`Part.after_loss` sees each batch's loss (not scaled for accumulation)."""
-        if not terms:
-            return grpo_loss
         mode = "train" if self.model.training else "eval"
         scale = self.current_gradient_accumulation_steps if mode == "train" else 1.0
+        if not terms:  # GRPO's loss alone; every part's after_loss still sees it
+            for part in self.parts:
+                part.after_loss(self, {"rollout": grpo_loss.detach() * scale})
+            return grpo_loss
         metrics, gather = self._metrics[mode], self.accelerator.gather
         batches = {"rollout": grpo_loss}
         rows = {"rollout": inputs["completion_ids"].size(0)}
@@ -449,9 +455,6 @@ class PartsTrainer(TrainerBase):
         totals = self.accelerator.reduce(torch.stack([(values * mask).sum(), mask.sum().to(values.dtype)]), "sum")
         return (totals[0] / totals[1].clamp(min=1.0)).item()
 
-    _global_token_mean = global_token_mean  # the names the built-in parts used first
-    _global_mean = global_mean
-
     @property
     def mode(self) -> str:
         """``"train"`` or ``"eval"``: which metrics a hook is writing to now."""
@@ -470,9 +473,13 @@ class PartsTrainer(TrainerBase):
 
     # ---------------------------------------------------------------------------------------- checkpointing ---
     def _extra_state(self) -> dict:
-        state = {}
+        state, owner = {}, {}
         for part in self.parts:
-            state.update(part.state())
+            for key, value in part.state().items():
+                if key in state:  # one would overwrite the other in the checkpoint, and both would read it back
+                    raise ValueError(f"the parts {owner[key]!r} and {part.name!r} both keep a state named {key!r}: "
+                                     "state keys must be unique across parts (prefix them with the part's name)")
+                state[key], owner[key] = value, part.name
         return state
 
     def _load_extra_state(self, state: dict) -> None:

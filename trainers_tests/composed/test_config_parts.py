@@ -99,3 +99,18 @@ def test_every_option_belongs_to_a_part_or_to_all():
     own = {f.name for f in dataclasses.fields(ComposedConfig)} - grpo
     assert own == set(OPTION_PARTS) | set(GENERAL_OPTIONS)
     assert {p for owners in OPTION_PARTS.values() for p in owners} == set(PART_NAMES)
+
+
+def test_a_built_in_part_is_given_by_name_not_as_an_instance():
+    """An instance would train with its own options while the records and resume checks keep the config's."""
+    from trl_variants.erpo.part import QueryKL
+
+    with pytest.raises(ValueError, match="give the built-in part 'erpo_query_kl' by its name, not as an instance"):
+        ComposedConfig(parts=[QueryKL(0.05, "k3")], **COMMON)
+
+
+def test_the_built_in_part_names_are_the_registry_s():
+    from trl_variants.parts import registered_parts
+
+    assert set(PART_NAMES) <= set(registered_parts()) and len(PART_NAMES) == 5
+    assert list(PART_NAMES) == registered_parts()[:5]  # the two lists stay one

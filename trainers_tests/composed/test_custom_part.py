@@ -188,3 +188,39 @@ def test_needs_are_per_class_and_read_only():
     with pytest.raises(TypeError):
         Needs.needs["x"] = provide
     assert Part.needs == {} and part_class("erpo_query_kl").needs.keys() == {"ref_prompt_logp"}
+
+
+# --- the trainer's side of the contract: unique state keys and term names, after_loss always called ---------------
+class _Keeps(Part):
+    def __init__(self, name):
+        self.name, self.seen = name, []
+
+    def state(self) -> dict:
+        return {"position": 0}
+
+    def after_loss(self, trainer, batch_losses) -> None:
+        self.seen.append(sorted(batch_losses))
+
+
+class _Term(_Keeps):
+    def state(self) -> dict:
+        return {}
+
+    def loss(self, trainer, model, inputs, forward) -> dict:
+        return {"extra": 0.0 * forward.completion_logps.sum()}
+
+
+def test_two_parts_keeping_one_state_key_are_refused_at_construction(tmp_path):
+    with pytest.raises(ValueError, match="the parts 'first' and 'second' both keep a state named 'position'"):
+        _composed(tmp_path, [_Keeps("first"), _Keeps("second")])
+
+
+def test_two_parts_returning_one_term_name_are_named_and_after_loss_sees_grpo_alone(tmp_path):
+    only = _Keeps("only")
+    trainer = _composed(tmp_path / "one", [only])
+    inputs, _ = fixed_batch(trainer)
+    loss_and_grads(trainer, inputs)
+    assert only.seen == [["rollout"]]  # no part returned a term: after_loss still sees GRPO's loss
+    clash = _composed(tmp_path / "two", [_Term("a"), _Term("b")])
+    with pytest.raises(ValueError, match="the parts 'a' and 'b' both return a loss term named 'extra'"):
+        loss_and_grads(clash, inputs)

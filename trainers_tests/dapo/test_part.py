@@ -141,3 +141,12 @@ def test_fill_with_no_signal_anywhere_trains_on_nothing():
     inputs, out = part.fill(trainer, first, rollout)
     assert _rows(inputs) == [1, 1, 2, 2, 3, 3] and out["completion_mask"].sum().item() == 0
     assert out["num_items_in_batch"].item() == 0
+
+
+def test_the_fix_that_turns_it_off_names_the_parts_list_of_a_composed_run():
+    from types import SimpleNamespace
+
+    from trl_variants.dapo.part import _turn_off
+
+    assert _turn_off(SimpleNamespace(parts=["dapo_dynamic_sampling"])).startswith("drop 'dapo_dynamic_sampling' from parts")
+    assert _turn_off(SimpleNamespace(dynamic_sampling=True)) == "set dynamic_sampling=False"

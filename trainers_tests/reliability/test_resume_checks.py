@@ -118,3 +118,12 @@ def test_the_resume_line_names_the_checkpoint_and_its_step(tmp_path):
     assert resume_line("DPHTrainer", str(tmp_path), 20) == \
         f"DPHTrainer: resuming from {tmp_path} (after step 7; training continues to step 20)"
     assert resume_line("DPHTrainer", str(tmp_path), -1).endswith("(after step 7; training continues)")
+
+
+def test_a_composed_run_may_resume_with_its_parts_listed_in_another_order(tmp_path):
+    def record(parts):
+        return resume_fields(small_config(ComposedConfig, tmp_path, parts=parts, dph_coef=0.2))
+
+    forward = record(["erpo_query_weights", "dph_rehearsal"])
+    assert forward == record(["dph_rehearsal", "erpo_query_weights"])  # the order cannot change training
+    assert forward != record(["erpo_query_weights"])  # another set of parts can

@@ -97,6 +97,10 @@ class ComposedConfig(ERPOConfig, DPHConfig, EEPOConfig):
                           f"{list(DEFAULT_PARTS)}, with a warning."},
     )
 
+    # the order of the parts does not change training (the trainer combines their terms in one order): a resume
+    # may list them in another
+    resume_unordered_fields = ("parts",)
+
     def __post_init__(self):
         self._resolve_parts()
         names = self.part_names
@@ -140,6 +144,10 @@ class ComposedConfig(ERPOConfig, DPHConfig, EEPOConfig):
                 elif not isinstance(entry, (str, Part)):
                     raise TypeError(f"ComposedConfig.parts: {entry!r} is not a part name, a trl_variants.Part "
                                     "subclass or instance")
+                elif isinstance(entry, Part) and entry.name in PART_NAMES:  # its options would bypass the records
+                    raise ValueError(f"ComposedConfig.parts: give the built-in part {entry.name!r} by its name, not as "
+                                     "an instance: it reads its options from the config (the run's records, model "
+                                     "card and resume checks keep them there); set them on ComposedConfig")
         if self.dynamic_sampling and "dapo_dynamic_sampling" not in [_part_name(e) for e in entries]:
             entries.append("dapo_dynamic_sampling")  # one truth: the parts list
         unknown = [e for e in entries if isinstance(e, str) and e not in PART_NAMES]

@@ -112,6 +112,13 @@ class RefillStream:
         return out
 
 
+def _turn_off(args) -> str:
+    """How to run without dynamic sampling: a composed run lists its parts, the method trainers have the flag."""
+    if isinstance(getattr(args, "parts", None), list):
+        return "drop 'dapo_dynamic_sampling' from parts (and set dynamic_sampling=False)"
+    return "set dynamic_sampling=False"
+
+
 @register_part
 class DynamicSampling(Part):
     """DAPO's dynamic sampling (this module's docstring). Usable with every GRPO-family trainer here (field
@@ -134,7 +141,7 @@ class DynamicSampling(Part):
         columns = getattr(train_dataset, "column_names", None) or []
         if {"image", "images"} & set(columns):
             raise ValueError(f"{trainer_name}: dynamic_sampling moves text rows between generation rounds; image "
-                             "datasets are not supported with it: set dynamic_sampling=False")
+                             f"datasets are not supported with it: {_turn_off(args)}")
 
     # ------------------------------------------------------------------------------------------- the box ---
     def fill(self, trainer, inputs, rollout):
@@ -254,7 +261,7 @@ def _kinds(trainer, output) -> dict[str, str]:
             continue
         if not torch.is_tensor(t):
             raise ValueError(f"dynamic sampling cannot move the batch entry {key!r} between rounds (not a per-row "
-                             "tensor): set dynamic_sampling=False")
+                             f"tensor): {_turn_off(trainer.args)}")
         if key in PROMPT_KEYS:
             kinds[key] = "prompt"
         elif t.dim() >= 2 and t.size(1) == width and not (key == "importance_sampling_ratio" and sequence_ratio):

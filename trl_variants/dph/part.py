@@ -39,9 +39,9 @@ PRESAMPLE_COLUMNS = ("ref_rewards", "ref_completion_ids", "ref_completion_logps"
 class Rehearsal(Part):
     """The D_pef rehearsal term (and, in the definition form, App. F's D_exp term). The trainer holds the split:
     ``pef_dataset``, ``split_stats``, the D_exp ``train_dataset``; the part holds the D_pef stream position
-    ``pef_epoch`` / ``pef_pos`` (checkpointed through :meth:`state`). Loss terms ``dph_pef`` (eta L_pef) and, in the definition form, ``dph_js_exp``
-    (beta1 KL on D_exp). Metrics: ``dph/loss_exp``, ``dph/loss_pef``, ``dph/log_u_mean``, ``dph/num_pef_rows``,
-    ``dph/num_exp_prompts`` (``dph/js_exp_term`` in the definition form)."""
+    ``pef_epoch`` / ``pef_pos`` (checkpointed through :meth:`state`). Loss terms ``dph_pef`` (eta L_pef) and, in the
+    definition form, ``dph_js_exp`` (beta1 KL on D_exp). Metrics: ``dph/loss_exp``, ``dph/loss_pef``,
+    ``dph/log_u_mean``, ``dph/num_pef_rows``, ``dph/num_exp_prompts`` (``dph/js_exp_term`` in the definition form)."""
 
     name = "dph_rehearsal"
     offline_pass = True

@@ -214,10 +214,10 @@ def _separate_forward_reason(trainer) -> str | None:
 
 @register_part
 class TwoStageRollout(Part):
-    """The rollout of eq. 4-11. The part holds the gate's state ``entropy_history`` (checkpointed through
-    :meth:`state`) and, between the rollout and its scoring, ``pending_old_logps`` / ``pending_stage2``. Metrics: ``eepo/entropy_stage1``,
-    ``eepo/entropy_moving_avg``, ``eepo/gate``, ``eepo/unlearning_loss``, ``eepo/entropy_stage2``,
-    ``eepo/stage1_logp_change``."""
+    """The rollout of eq. 4-11. The part holds the gate's state ``entropy_history`` (checkpointed through :meth:`state`)
+    and, between the rollout and its scoring, ``pending_old_logps`` / ``pending_stage2``. Metrics:
+    ``eepo/entropy_stage1``, ``eepo/entropy_moving_avg``, ``eepo/gate``, ``eepo/unlearning_loss``,
+    ``eepo/entropy_stage2``, ``eepo/stage1_logp_change``."""
 
     name = "eepo_two_stage_rollout"
     owns_rollout = True
@@ -258,7 +258,8 @@ class TwoStageRollout(Part):
         if not trainer.model.training or trainer.args.entropy_gate == "never":
             return grpo_generate(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
         if images is not None or multimodal_fields:
-            raise ValueError("EEPOTrainer supports text-only models")
+            raise ValueError(f"{type(trainer).__name__}: EEPO's two-stage rollout (part {self.name!r}) supports "
+                             "text-only models")
         G = trainer.num_generations
         stage1, stage2, k1 = stage_rows(len(prompt_ids), G)
         k2 = G - k1
@@ -266,7 +267,8 @@ class TwoStageRollout(Part):
 
         # 1. stage 1 from the current policy (k1 consecutive copies of each prompt, as vLLM server mode expects)
         model = trainer.accelerator.unwrap_model(trainer.model)
-        with self._reader(trainer, model) if trainer.args.entropy_gate == "auto" else contextlib.nullcontext() as reader:
+        read_stage1 = trainer.args.entropy_gate == "auto"
+        with self._reader(trainer, model) if read_stage1 else contextlib.nullcontext() as reader:
             c1, lp1 = grpo_generate(p1, None, {}, k1)  # "auto": read while generating, a closed gate needs no forward
         read1 = self._read(reader, c1, stage=1)
         # 2. entropy gate: stage 1's entropy read while generating it, or from the forward with grad whose log-probs
