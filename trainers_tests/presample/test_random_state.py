@@ -106,3 +106,24 @@ def test_presample_leaves_the_random_state_as_it_found_it(tmp_path):
         torch.rand(3), random.random(), np.random.rand()
     after = _state()
     assert after[0] == before[0] and after[1] == before[1] and torch.equal(after[2], before[2])
+
+
+def test_an_mps_generator_is_restored_too(monkeypatch):
+    """On a Mac the pass's torch.manual_seed also seeds the MPS generator: it is put back (a fake MPS here)."""
+    from trl_variants.presample import random_state
+
+    class FakeMPS:
+        state = torch.tensor([1, 2, 3], dtype=torch.uint8)
+
+        @classmethod
+        def get_rng_state(cls):
+            return cls.state.clone()
+
+        @classmethod
+        def set_rng_state(cls, state):
+            cls.state = state
+
+    monkeypatch.setattr(random_state, "_other_device_generators", lambda: [FakeMPS])
+    with random_state.preserved_random_state():
+        FakeMPS.state = torch.tensor([9, 9, 9], dtype=torch.uint8)  # what seeding it would do
+    assert FakeMPS.state.tolist() == [1, 2, 3]
