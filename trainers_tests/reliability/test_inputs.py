@@ -485,3 +485,13 @@ def test_the_offline_pass_output_passes_the_stored_checks(tmp_path, tiny_model, 
     out = presample(tiny_model, tiny_tokenizer, _prompts(*PROMPTS), [accuracy_reward], config)
     check_stored_columns(out, "test", None, ["ref_prompt_logp", "ref_completion_logps", "ref_value"])
     check_stored_columns(out.select([1]), "test", None, ["ref_prompt_logp", "ref_completion_logps", "ref_value"])
+
+
+def test_stored_columns_of_an_eval_dataset_are_checked_as_the_training_set_s(tmp_path):
+    """An eval dataset's stored l_ref(s) above 0 is refused as the train_dataset's would be (it used to be checked for
+    finiteness only)."""
+    bad = _prompts(*PROMPTS, ref_prompt_logp=[-3.0, 2.0])
+    with pytest.raises(ValueError, match=r"ERPOTrainer: column 'ref_prompt_logp' holds l_ref\(s\), a sum of log-probs "
+                                         r"\(<= 0\), but rows \[1\] \(1 in all\) are above 0"):
+        ERPOTrainer(DEFAULT_MODEL_PATH, accuracy_reward, args=_config(ERPOConfig, tmp_path),
+                    train_dataset=_prompts(*PROMPTS, *PROMPTS), eval_dataset=bad)
