@@ -157,6 +157,10 @@ def suite_block() -> str:
         return "The test suite's time on a clean clone is not recorded yet (`bash benchmarks/time_suite.sh`).\n"
     run = json.loads(path.read_text())
     minutes, seconds = divmod(round(run["wall_seconds"]), 60)
+    failed = run.get("failed", 0)
+    if failed or run.get("exit_status", 0) != 0:  # a run that failed is said so, never shown as a time
+        return (f"**The last clean-clone run failed** (commit {run.get('commit', '?')}: {failed} failed, "
+                f"{run['passed']} passed; {_link('results/test_suite/README.md', 'the run')}).\n")
     return (f"On a clean clone it took {minutes} min {seconds:02d} s on {run['cpu_cores']} CPU cores, creating .venv included "
             f"({run['passed']} passed, {run['skipped']} skipped; {_link('results/test_suite/README.md', 'the run')}).\n")
 

@@ -2,6 +2,7 @@
 is in a file that its paragraph links, and its code examples train with the settings of the recipes they mirror."""
 
 import importlib.util
+import json
 import re
 from pathlib import Path
 
@@ -66,9 +67,23 @@ def test_generated_blocks_fail_on_a_changed_number(tmp_path, monkeypatch):
     blocks, _ = front_page.generate()
     readme = README.read_text()
     assert front_page.fill(readme, blocks) == readme
-    assert "0.96x GRPO" in blocks["results"]  # ERPO's paired ratio (results/benchmarks/benchmarks_parts.json)
-    damaged = readme.replace("0.96x GRPO", "0.90x GRPO", 1)
+    # ERPO's paired ratio (results/benchmarks/benchmarks_parts.json)
+    ratio = re.search(r"\| ERPO \| (\d\.\d\dx GRPO)", blocks["results"]).group(1)
+    damaged = readme.replace(ratio, "9.99x GRPO", 1)
     assert damaged != readme and front_page.fill(damaged, blocks) == readme
+
+
+def test_a_failed_suite_run_is_said_to_have_failed(tmp_path, monkeypatch):
+    front_page = _front_page()
+    (tmp_path / "results/test_suite").mkdir(parents=True)
+    run = {"commit": "abc1234", "exit_status": 1, "wall_seconds": 1013.1, "cpu_cores": 2, "passed": 1090, "failed": 2,
+           "skipped": 3}
+    (tmp_path / "results/test_suite/run.json").write_text(json.dumps(run))
+    monkeypatch.setattr(front_page, "ROOT", tmp_path)
+    said = front_page.suite_block()
+    assert said.startswith("**The last clean-clone run failed** (commit abc1234: 2 failed, 1090 passed")
+    (tmp_path / "results/test_suite/run.json").write_text(json.dumps({**run, "exit_status": 0, "failed": 0}))
+    assert front_page.suite_block().startswith("On a clean clone it took 16 min 53 s on 2 CPU cores")
 
 
 def test_every_number_in_the_readme_prose_is_in_a_file_it_links():
