@@ -354,3 +354,29 @@ def test_docs_benchmark_command_parses_and_loads_the_benchmark(recipe, tmp_path,
     text = prompt if isinstance(prompt, str) else prompt[-1]["content"]
     assert "\\boxed{}" in text or "\\boxed{}" in str(prompt)  # the recipe's instruction reached the prompt
     assert seen["config"].max_completion_length >= 1024 and seen["kwargs"]["dtype"] == "bfloat16"
+
+
+def test_an_in_training_evaluation_generates_as_the_trainer_does():
+    """HeldOutCallback / PassAtKCallback evaluate with the trainer's static cache or continuous batching (they used
+    plain ``generate`` whatever the trainer's options); a config that sets an engine itself keeps it."""
+    from types import SimpleNamespace
+
+    from trl_variants.evaluation import EvalConfig
+    from trl_variants.evaluation.callbacks import callback_config
+
+    def trainer(**options):
+        args = SimpleNamespace(disable_tqdm=True, cache_implementation=None,
+                               transformers_continuous_batching_config=None)
+        for name, value in options.items():
+            setattr(args, name, value)
+        return SimpleNamespace(args=args, use_vllm=False,
+                               use_transformers_continuous_batching=options.get("continuous", False))
+
+    assert callback_config(trainer(cache_implementation="static"), EvalConfig(k=2)).cache_implementation == "static"
+    plain = callback_config(trainer(), EvalConfig(k=2))
+    assert plain.cache_implementation is None and not plain.use_transformers_continuous_batching
+    own = callback_config(trainer(cache_implementation="static"), EvalConfig(k=2, cache_implementation="dynamic"))
+    assert own.cache_implementation == "dynamic"
+    continuous = callback_config(trainer(continuous=True), EvalConfig(k=2))
+    assert continuous.use_transformers_continuous_batching
+    assert continuous.transformers_continuous_batching_config == {"max_memory_percent": 0.5}  # as TRL sizes it

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
-from ..presample.vllm_backend import trainer_generator
+from ..presample.vllm_backend import trainer_generator, trainer_hf_generator
 from ..rewards import accuracy_reward
 from .config import BACKENDS, VLLM_EXTRA, EvalConfig
 from .metrics import correctness_index
@@ -19,14 +19,24 @@ from .runner import evaluate
 
 def callback_config(trainer, config: EvalConfig, backend: str = "hf") -> EvalConfig:
     """``config`` as a training callback runs it: the progress bar off when the trainer's ``disable_tqdm`` is set,
-    and ``backend`` checked: ``"vllm"`` samples with the trainer's own vLLM engine, so it needs ``use_vllm=True``."""
+    with ``backend="hf"`` the trainer's ``use_transformers_continuous_batching`` / ``cache_implementation`` (unless
+    ``config`` sets its own), and ``backend`` checked: ``"vllm"`` samples with the trainer's own vLLM engine, so it
+    needs ``use_vllm=True``."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if backend == "vllm" and not getattr(trainer, "use_vllm", False):
         raise ValueError("backend='vllm' evaluates with the trainer's own vLLM engine (its current weights pushed "
                          "into it), and this trainer has none: set use_vllm=True in its config (vllm_mode "
                          f"'colocate' or 'server'; {VLLM_EXTRA}), or use backend='hf'")
-    return replace(config, backend=backend, show_progress=config.show_progress and not trainer.args.disable_tqdm)
+    engine = {}
+    hf = trainer_hf_generator(trainer)  # "hf": generate as the trainer does, unless the config sets an engine itself
+    own = any(getattr(config, k) != default for k, default in EvalConfig._HF_ENGINE_DEFAULTS.items())
+    if backend == "hf" and hf is not None and not own:
+        engine = dict(use_transformers_continuous_batching=hf.continuous_batching,
+                      transformers_continuous_batching_config=hf.continuous_batching_config,
+                      cache_implementation=hf.cache_implementation)
+    return replace(config, backend=backend, show_progress=config.show_progress and not trainer.args.disable_tqdm,
+                   **engine)
 
 
 def evaluate_policy(trainer, dataset, reward_funcs, config: EvalConfig, name: str | None = None) -> dict:

@@ -228,32 +228,37 @@ def offline_generator(model, tokenizer, config, accelerator=None) -> VLLMGenerat
     return VLLMGenerator(llm, eos_token_ids(tokenizer, model), on_finish=free)
 
 
+def trainer_hf_generator(trainer):
+    """How a trainer generates with transformers: None (``generate``) or, with GRPOConfig's
+    ``use_transformers_continuous_batching`` (with ``transformers_continuous_batching_config``, ``max_memory_percent``
+    0.5 unless set, as TRL sizes it beside training) or ``cache_implementation``, a
+    :class:`~trl_variants.presample.hf_backend.HFGenerator` with them (whether or not the trainer uses vLLM)."""
+    args = getattr(trainer, "args", None)
+    continuous = bool(getattr(trainer, "use_transformers_continuous_batching", False))
+    cache = getattr(args, "cache_implementation", None)
+    if not continuous and cache is None:
+        return None
+    from .hf_backend import HFGenerator
+
+    options = None
+    if continuous:
+        options = getattr(args, "transformers_continuous_batching_config", None) or {}
+        if isinstance(options, str):  # GRPOConfig parses the JSON string; a hand-built args may not have
+            import json
+
+            options = json.loads(options)
+        options = {"max_memory_percent": 0.5, **options}
+    return HFGenerator(continuous_batching=continuous, continuous_batching_config=options, cache_implementation=cache)
+
+
 def trainer_generator(trainer):
     """The generator of a trainer's offline pass: without ``use_vllm`` transformers on the pass's model, as the trainer
-    generates: None (``generate``) or, with GRPOConfig's ``use_transformers_continuous_batching`` (``generate_batch``,
-    with ``transformers_continuous_batching_config``, ``max_memory_percent`` 0.5 unless set, as TRL sizes it beside
-    training) or ``cache_implementation``, a :class:`~trl_variants.presample.hf_backend.HFGenerator` with them; with
+    generates (:func:`trainer_hf_generator`); with
     ``vllm_mode="colocate"`` the trainer's own engine, after pushing the trainer's weights into it with TRL's
     ``sync_weights``; with ``"server"`` TRL's ``VLLMClient`` (weights pushed the same way first; processes other than
     the main one, which has no client, open one for generation only)."""
     if not getattr(trainer, "use_vllm", False):
-        args = getattr(trainer, "args", None)
-        continuous = bool(getattr(trainer, "use_transformers_continuous_batching", False))
-        cache = getattr(args, "cache_implementation", None)
-        if not continuous and cache is None:
-            return None
-        from .hf_backend import HFGenerator
-
-        options = None
-        if continuous:
-            options = getattr(args, "transformers_continuous_batching_config", None) or {}
-            if isinstance(options, str):  # GRPOConfig parses the JSON string; a hand-built args may not have
-                import json
-
-                options = json.loads(options)
-            options = {"max_memory_percent": 0.5, **options}
-        return HFGenerator(continuous_batching=continuous, continuous_batching_config=options,
-                           cache_implementation=cache)
+        return trainer_hf_generator(trainer)
     engine = trainer.vllm_generation
     eos = eos_token_ids(trainer.processing_class, trainer.model)
     if engine.mode == "colocate":
