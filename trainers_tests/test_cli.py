@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 import sys
 from pathlib import Path
@@ -464,3 +465,12 @@ def test_recipes_lists_every_shipped_yaml_and_prints_a_path(capsys):
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["recipes", "--path", "nope"])
     assert exit_info.value.code == 2 and "no shipped recipe" in capsys.readouterr().err
+
+
+def test_evaluate_with_only_a_base_model_evaluates_it_once(tmp_path):
+    """`--base_model tiny` without --models: the base alone (it used to evaluate the same model again as 'assets')."""
+    from trl_variants.cli import main
+
+    main(["evaluate", "--base_model", "tiny", "--max_prompts", "4", "--k", "1", "--temperatures", "1.0",
+          "--output_dir", str(tmp_path)])
+    assert [r["name"] for r in json.loads((tmp_path / "results.json").read_text())] == ["base"]

@@ -23,7 +23,8 @@ class EvaluateScriptArguments(DataScriptArguments):
 
     models: list[str] = field(
         default_factory=list,
-        metadata={"help": "Model paths / Hub ids; 'tiny' (or 'default') names the shipped tiny model (the default)."},
+        metadata={"help": "Model paths / Hub ids; 'tiny' (or 'default') names the shipped tiny model (the default, "
+                          "unless --base_model is given alone: then only the base is evaluated)."},
     )
     model_names: list[str] | None = field(default=None, metadata={"help": "Display names, one per model."})
     base_model: str | None = field(default=None, metadata={"help": "Base model for keep / exploration rates."})
@@ -277,7 +278,8 @@ def evaluate_main(argv: list[str]) -> None:
         check_model_reference(value, option)  # every model, before any of them is loaded or evaluated
     if script_args.reward_model_name_or_path:
         check_model_reference(script_args.reward_model_name_or_path, "--reward_model_name_or_path")
-    models = script_args.models or [DEFAULT_MODEL_PATH]
+    # no --models: the shipped tiny model, unless --base_model alone is asked for (then only the base, not twice)
+    models = script_args.models or ([] if script_args.base_model else [DEFAULT_MODEL_PATH])
     names = script_args.model_names or [  # evaluate's default name; --models tiny: "tiny", not its directory's
         "tiny" if m in MODEL_SHORTHANDS and model_path(m) != m else Path(m).name for m in raw_models or models]
     if len(names) != len(models):
@@ -300,7 +302,7 @@ def evaluate_main(argv: list[str]) -> None:
 
         torch.set_num_threads(script_args.torch_threads)
     kwargs = script_args.chat_template_kwargs
-    dataset = load_eval_dataset(script_args, prompt_length_tokenizer(script_args, models[0]), kwargs)
+    dataset = load_eval_dataset(script_args, prompt_length_tokenizer(script_args, (models or [script_args.base_model])[0]), kwargs)
     if script_args.max_prompts:
         dataset = dataset.select(range(min(script_args.max_prompts, len(dataset))))
     accelerator = state if state.num_processes > 1 else None
