@@ -197,7 +197,8 @@ def write_page(out: Path, stats: dict, records: list[dict], etas: list[float], a
         s = stats[f"{e:g}"]
         loss = fmt(s["rehearsal_loss_last"], 4) if s["rehearsal_loss_last"] else "-"
         lines.append(f"| {e:g} | " + " | ".join(fmt(s[k][m]) for k in keys for m in metrics[k]) + f" | {loss} |")
-    lines += ["", "![pass@k against eta, and the rehearsal loss](dose.png)", ""]
+    lines += ["", "![pass@k against eta, and the rehearsal loss](dose.png)", "",
+              "What it shows, and why: docs/RESULTS.md, section 4b, \"DPH-RL dose-response\".", ""]
     (out / "README.md").write_text("\n".join(lines) + "\n")
 
 
