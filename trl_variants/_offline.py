@@ -164,10 +164,11 @@ def check_presampled_model(trainer, dataset) -> None:
 def stored_or_computed(trainer, dataset, columns, compute, *, check=None, **options):
     """Reuse the stored columns or run the offline pass, the one way every part and trainer does it: ``dataset`` as
     it is when it has every one of ``columns`` (presampled by `trl-variants presample`, or the user's own columns),
-    once :func:`~trl_variants.presample.stored.check_stored_columns` and ``check(dataset)`` accept their values, the pass recorded the ``options`` the trainer samples with
-    (:func:`~trl_variants.presample.check_presample_options`), this model made it (:func:`check_presampled_model`)
-    and its prompt ids are the trainer's own (:func:`check_prompt_ids`); else ``compute(dataset)``, the pass run now
-    (:func:`trainer_presample`, or a method's own)."""
+    once :func:`~trl_variants.presample.stored.check_stored_columns` and ``check(dataset)`` accept their values, the
+    pass recorded the ``options`` the trainer samples with (:func:`~trl_variants.presample.check_presample_options`),
+    this model made it (:func:`check_presampled_model`) and its prompt ids are the trainer's own
+    (:func:`check_prompt_ids`); else ``compute(dataset)``, the pass run now (:func:`trainer_presample`, or a method's
+    own)."""
     if not all(c in dataset.column_names for c in columns):
         return compute(dataset)
     # values the pass cannot have made are refused here too: an eval dataset is checked nowhere else

@@ -495,3 +495,24 @@ def test_stored_columns_of_an_eval_dataset_are_checked_as_the_training_set_s(tmp
                                          r"\(<= 0\), but rows \[1\] \(1 in all\) are above 0"):
         ERPOTrainer(DEFAULT_MODEL_PATH, accuracy_reward, args=_config(ERPOConfig, tmp_path),
                     train_dataset=_prompts(*PROMPTS, *PROMPTS), eval_dataset=bad)
+
+
+def test_stored_columns_that_passed_are_not_read_again(monkeypatch):
+    """A trainer checks its training set at construction and again where the offline pass reads it: the second
+    check of the same content reads nothing; a transformed dataset (another fingerprint) is read, and a failing one
+    fails every time."""
+    from trl_variants.presample import stored
+
+    reads = []
+    real = stored.check_finite_column
+    monkeypatch.setattr(stored, "check_finite_column", lambda *a, **k: (reads.append(1), real(*a, **k))[1])
+    good = _prompts(*PROMPTS, ref_prompt_logp=[-3.0, -1.0])
+    stored.check_stored_columns(good, "t", None, ["ref_prompt_logp"])
+    stored.check_stored_columns(good, "t", None, ["ref_prompt_logp"])
+    assert len(reads) == 1
+    stored.check_stored_columns(good.select([0]), "t", None, ["ref_prompt_logp"])
+    assert len(reads) == 2
+    bad = _prompts(*PROMPTS, ref_prompt_logp=[-3.0, 2.0])
+    for _ in range(2):
+        with pytest.raises(ValueError, match="are above 0"):
+            stored.check_stored_columns(bad, "t", None, ["ref_prompt_logp"])

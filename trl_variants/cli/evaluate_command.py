@@ -302,7 +302,8 @@ def evaluate_main(argv: list[str]) -> None:
 
         torch.set_num_threads(script_args.torch_threads)
     kwargs = script_args.chat_template_kwargs
-    dataset = load_eval_dataset(script_args, prompt_length_tokenizer(script_args, (models or [script_args.base_model])[0]), kwargs)
+    first = models[0] if models else script_args.base_model  # whose tokenizer measures the prompt lengths
+    dataset = load_eval_dataset(script_args, prompt_length_tokenizer(script_args, first), kwargs)
     if script_args.max_prompts:
         dataset = dataset.select(range(min(script_args.max_prompts, len(dataset))))
     accelerator = state if state.num_processes > 1 else None

@@ -29,9 +29,9 @@ def callback_config(trainer, config: EvalConfig, backend: str = "hf") -> EvalCon
                          "into it), and this trainer has none: set use_vllm=True in its config (vllm_mode "
                          f"'colocate' or 'server'; {VLLM_EXTRA}), or use backend='hf'")
     engine = {}
-    hf = trainer_hf_generator(trainer)  # "hf": generate as the trainer does, unless the config sets an engine itself
+    hf = trainer_hf_generator(trainer) if backend == "hf" else None  # generate as the trainer does
     own = any(getattr(config, k) != default for k, default in EvalConfig._HF_ENGINE_DEFAULTS.items())
-    if backend == "hf" and hf is not None and not own:
+    if hf is not None and not own:  # unless the config sets an engine itself
         engine = dict(use_transformers_continuous_batching=hf.continuous_batching,
                       transformers_continuous_batching_config=hf.continuous_batching_config,
                       cache_implementation=hf.cache_implementation)
