@@ -6,8 +6,8 @@
 #   3. `trl-variants evaluate` on the model it trained
 #   4. benchmarks/bench_trainers.py --gpu on a Qwen2.5-0.5B-shaped model (random weights), with HF generate, then
 #      with transformers' continuous batching (the per-regime speed targets, results/gpu/bench_*.md)
-# Each step has its own time box, cut to what is left of the budget; a step that did not fit is written down as
-# skipped. The slowest and least certain steps come last.
+# Each step has its own time box, cut to what is left of the budget (the smoke runs go side by side); a step that
+# did not fit is written down as skipped. The slowest and least certain steps come last.
 #
 #   bash benchmarks/gpu_check.sh --dry-run            # print the commands it would run, run nothing
 #   bash benchmarks/gpu_check.sh --fetch-wheels DIR   # here (with the package registry): the wheels a bare GPU
@@ -36,12 +36,14 @@ done
 
 # What a bare GPU machine with torch, accelerate, peft and transformers lacks (measured on an H100 machine), at the
 # versions this project is tested with; pure-Python wheels.
+# datasets' dill and multiprocess are not in that image's package list (2026-11-17); multiprocess's wheels are per
+# Python version, hence the machine's Python (3.12) when fetching.
 CARRY=(trl==1.16.0 transformers==5.24.0 datasets==5.2.0 math-verify==0.9.0 "latex2sympy2_extended==1.11.0"
-       "antlr4-python3-runtime==4.13.2")
+       "antlr4-python3-runtime==4.13.2" dill==0.4.1 multiprocess==0.70.19)
 
 if [ -n "$FETCH" ]; then
     mkdir -p "$FETCH"
-    "$PY" -m pip download --no-deps --only-binary=:all: -d "$FETCH" "${CARRY[@]}" || exit 1
+    "$PY" -m pip download --no-deps --only-binary=:all: --python-version 3.12 -d "$FETCH" "${CARRY[@]}" || exit 1
     "$PY" -m pip wheel --no-deps -w "$FETCH" . || exit 1
     ls -1 "$FETCH"
     exit 0
@@ -59,7 +61,7 @@ STEPS=()
 for m in erpo eepo dph apo composed grpo; do
     STEPS+=("smoke_$m|60|$TRAIN $m $SMOKE_FLAGS --output_dir $WORK/smoke-$m")
 done
-STEPS+=("main_job|240|$TRAIN erpo --use_cpu false --bf16 true --save_strategy no --output_dir $WORK/main")
+STEPS+=("main_job|300|$TRAIN erpo --use_cpu false --bf16 true --save_strategy no --output_dir $WORK/main")
 STEPS+=("evaluate|90|$PY -m trl_variants evaluate --models $WORK/main --max_prompts 200 --k 4 --temperatures 1.0 --output_dir $WORK/eval")
 # continuous batching first: HF generate's numbers exist from an earlier run (docs/RESULTS.md), the throughput-bound
 # regime's do not
@@ -98,17 +100,10 @@ VERSIONS=$("$PY" -c 'import importlib.metadata as m; print(", ".join(f"{p} {m.ve
     echo "|---|---|---|---|"
 } > "$REPORT"
 
-START=$SECONDS
-for step in "${STEPS[@]}"; do
-    IFS='|' read -r name box cmd <<< "$step"
-    left=$((BUDGET - (SECONDS - START)))
-    if [ "$left" -lt 20 ]; then
-        echo "| $name | skipped: budget spent | 0 | \`$cmd\` |" >> "$REPORT"
-        continue
-    fi
-    [ "$box" -gt "$left" ] && box=$left
+# run_step NAME BOX CMD: one step under its time box, one row in the report; a failing step's last lines are kept
+run_step() {
+    local name=$1 box=$2 cmd=$3 t0=$SECONDS rc dt status
     echo "gpu_check: $name (up to ${box} s): $cmd"
-    t0=$SECONDS
     timeout "$box" bash -c "$cmd" > "$WORK/logs/$name.log" 2>&1
     rc=$?
     dt=$((SECONDS - t0))
@@ -118,8 +113,30 @@ for step in "${STEPS[@]}"; do
         *) status="failed (exit $rc)" ;;
     esac
     echo "| $name | $status | $dt | \`$cmd\` |" >> "$REPORT"
-    [ "$rc" -eq 0 ] || { echo; echo "### $name: last lines"; echo '```'; tail -n 25 "$WORK/logs/$name.log"; echo '```'; } >> "$RESULTS/gpu_check_failures.md"
+    [ "$rc" -eq 0 ] || { echo; echo "### $name: last lines"; echo '```'; tail -n 25 "$WORK/logs/$name.log"; echo '```'; } > "$WORK/logs/$name.failure"
+}
+
+# The smoke runs (tiny model, a few steps; their speed is not measured) run side by side; the rest one at a time.
+START=$SECONDS
+SMOKE_BOX=0
+for step in "${STEPS[@]}"; do
+    IFS='|' read -r name box cmd <<< "$step"
+    case $name in smoke_*) run_step "$name" "$box" "$cmd" & [ "$box" -gt "$SMOKE_BOX" ] && SMOKE_BOX=$box ;; esac
 done
+wait
+for step in "${STEPS[@]}"; do
+    IFS='|' read -r name box cmd <<< "$step"
+    case $name in smoke_*) continue ;; esac
+    left=$((BUDGET - (SECONDS - START)))
+    if [ "$left" -lt 20 ]; then
+        echo "| $name | skipped: budget spent | 0 | \`$cmd\` |" >> "$REPORT"
+        continue
+    fi
+    [ "$box" -gt "$left" ] && box=$left
+    run_step "$name" "$box" "$cmd"
+done
+cat "$WORK"/logs/*.failure > "$RESULTS/gpu_check_failures.md" 2>/dev/null || rm -f "$RESULTS/gpu_check_failures.md"
+[ -s "$RESULTS/gpu_check_failures.md" ] || rm -f "$RESULTS/gpu_check_failures.md"
 
 {
     echo
