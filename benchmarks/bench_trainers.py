@@ -92,6 +92,12 @@ def build_trainer(variant: str, model_path: str, out_dir: str, args):
         generation_kwargs=None if args.continuous_batching else {"min_new_tokens": args.max_completion_length},
         use_transformers_continuous_batching=args.continuous_batching, cache_implementation=args.cache_implementation,
     )
+    mine = common  # our trainers' configs
+    if args.gpu and args.continuous_batching:
+        # TRL 1.16's GRPOTrainer fails every continuous-batching request under bf16's autocast wrapper (see
+        # docs/gpu.md): here every variant holds its weights in bf16 and trains them as they are, bf16 off
+        common.update(bf16=False, model_init_kwargs={"dtype": "bfloat16"})
+        mine = {**common, "low_precision_weights": "allow"}
     dataset = load_default_dataset(n_train=args.prompts or 2000, n_test=1, seed=0)["train"]
     offline = dataset.select(range(min(len(dataset), args.prompts or 256)))  # what an offline pass covers
     if variant == "grpo_beta0":
@@ -108,23 +114,23 @@ def build_trainer(variant: str, model_path: str, out_dir: str, args):
                                         args=GRPOConfig(beta=0.0, **common), train_dataset=dataset)
     if variant == "eepo":
         return EEPOTrainer(model=model_path, reward_funcs=accuracy_reward,
-                           args=EEPOConfig(entropy_gate="always", **common), train_dataset=dataset)
+                           args=EEPOConfig(entropy_gate="always", **mine), train_dataset=dataset)
     if variant == "eepo_auto":  # the paper's defaults: the gate decides
-        return EEPOTrainer(model=model_path, reward_funcs=accuracy_reward, args=EEPOConfig(**common),
+        return EEPOTrainer(model=model_path, reward_funcs=accuracy_reward, args=EEPOConfig(**mine),
                            train_dataset=dataset)
     if variant == "eepo_gate_closed":  # alpha below any entropy: the gate stays closed
         return EEPOTrainer(model=model_path, reward_funcs=accuracy_reward,
-                           args=EEPOConfig(entropy_gate="auto", entropy_threshold=1e-9, **common),
+                           args=EEPOConfig(entropy_gate="auto", entropy_threshold=1e-9, **mine),
                            train_dataset=dataset)
     if variant == "dph":  # 1 D_pef row per 8 rollout rows; the offline pass is cached before timing starts
         # the split needs a real correctness signal (format_reward would call every prompt near-perfect)
         return DPHTrainer(model=model_path, reward_funcs=REWARD_FUNCS["accuracy_reward"],
                           args=DPHConfig(pef_batch_size=max(1, args.batch // 8), num_presamples=4, pef_threshold=4,
-                                         presample_cache_dir=str(ROOT / "outputs" / "bench-cache"), **common),
+                                         presample_cache_dir=str(ROOT / "outputs" / "bench-cache"), **mine),
                           train_dataset=offline)
     # A*-PO and its baselines see the same prompts per step (batch // G prompts): one completion each for A*-PO
     prompts = args.batch // args.G
-    single = {**common, "per_device_train_batch_size": prompts}
+    single = {**mine, "per_device_train_batch_size": prompts}
     if variant in ("grpo_g2", "grpo_g2_paper"):
         return GRPOTrainer(model=model_path, reward_funcs=accuracy_reward,
                            args=GRPOConfig(**{**common, "per_device_train_batch_size": 2 * prompts,
@@ -155,11 +161,11 @@ def build_trainer(variant: str, model_path: str, out_dir: str, args):
         from trl_variants import ComposedConfig, ComposedTrainer
 
         return ComposedTrainer(model=model_path, reward_funcs=accuracy_reward,
-                               args=ComposedConfig(parts=[], **common), train_dataset=dataset)
+                               args=ComposedConfig(parts=[], **mine), train_dataset=dataset)
     if variant.startswith("erpo"):
         extra = {"erpo_weights_only": dict(query_kl_coef=0.0), "erpo_qkl_only": dict(use_query_weights=False)}
         return ERPOTrainer(model=model_path, reward_funcs=accuracy_reward,
-                           args=ERPOConfig(**common, **extra.get(variant, {})), train_dataset=dataset)
+                           args=ERPOConfig(**mine, **extra.get(variant, {})), train_dataset=dataset)
     raise ValueError(f"unknown variant {variant!r}; choose from {sorted(VARIANTS)}")
 
 

@@ -79,7 +79,9 @@ fi
 if [ -n "$WHEELS" ]; then
     SITE=$(pwd)/.gpu_site
     "$PY" -m pip install -q --no-index --no-deps --target "$SITE" "$WHEELS"/*.whl || exit 1
-    export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
+    # the working tree first (the scripts under benchmarks/ would import the installed wheel's copy otherwise); the
+    # wheel gives the package's metadata (its version, read by the offline pass)
+    export PYTHONPATH="$(pwd):$SITE${PYTHONPATH:+:$PYTHONPATH}"
 fi
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1 PYTHONUNBUFFERED=1
 DEVICE=$("$PY" -c 'import torch; print(torch.cuda.get_device_name(0) if torch.cuda.is_available() else "")' 2>/dev/null)

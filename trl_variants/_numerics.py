@@ -235,28 +235,57 @@ class FiniteTrainingMixin:
 
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
         with finite_logits(self), weights_kept_in_place(self):
-            return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations,
-                                                 has_tool_images)
+            completion_ids, logprobs = super()._generate_single_turn(prompt_ids, images, multimodal_fields,
+                                                                     num_generations, has_tool_images)
+        if self.use_transformers_continuous_batching:
+            empty = sum(len(ids) == 0 for ids in completion_ids)
+            if empty:  # a request the engine failed (it logs the error): TRL would go on to an IndexError
+                raise RuntimeError(
+                    f"{type(self).__name__}: transformers' continuous batching returned {empty} of "
+                    f"{len(completion_ids)} completions empty: the engine failed those requests (its error is "
+                    "logged above by ContinuousBatchingLogger). If the KV cache is too small for a request (prompt + "
+                    "max_completion_length tokens), raise num_blocks or max_memory_percent in "
+                    "transformers_continuous_batching_config")
+        return completion_ids, logprobs
+
+
+def _holders(model):
+    """Every parameter (with its data and gradient data) and buffer of ``model``, to put back after a cast."""
+    params = [(p, p.data, None if p.grad is None else p.grad.data) for p in model.parameters()]
+    buffers = [(module, name, buf) for module in model.modules() for name, buf in module.named_buffers(recurse=False)]
+    return params, buffers
 
 
 @contextmanager
 def weights_kept_in_place(trainer):
-    """TRL 1.16's continuous-batching rollout casts the policy to bf16/fp16 *in place* before ``generate_batch``
-    (``unwrapped_model.to(torch.bfloat16)`` when ``bf16``) and never back: the float32 weights the optimizer updates
-    are rounded to bf16 at every rollout, so updates below bf16's resolution vanish, as with no master copy at all.
-    While the rollout runs, the policy's ``to`` is a no-op here: generation still computes in bf16/fp16 through the
-    autocast Accelerate wraps the model's forward in. (DeepSpeed keeps its own fp32 master copy: left alone.)"""
+    """The continuous-batching rollout under bf16/fp16, without losing the float32 weights. TRL 1.16 casts the policy
+    in place before ``generate_batch`` (``unwrapped_model.to(torch.bfloat16)`` when ``bf16``) and never back: the
+    float32 weights the optimizer updates would be rounded to bf16 at every rollout, so updates below bf16's
+    resolution vanish, as with no master copy at all. And under Accelerate's mixed precision it would fail every
+    request (:func:`~trl_variants.generation.own_forward`). So for the rollout the model runs its own forward, TRL's cast happens (generation
+    in bf16/fp16, as TRL intends), and afterwards every parameter, gradient and buffer gets back the tensor it held
+    before, bit for bit. (DeepSpeed and FSDP hold the weights in their own way: left to TRL.)"""
     args = trainer.args
     if not (trainer.use_transformers_continuous_batching and (args.bf16 or args.fp16)
-            and not trainer.is_deepspeed_enabled):
+            and not trainer.is_deepspeed_enabled and not trainer.is_fsdp_enabled):
         yield
         return
+    from .generation import own_forward
+
     model = trainer.accelerator.unwrap_model(trainer.model)
-    model.to = lambda *a, **k: model  # an instance attribute: shadows nn.Module.to for this object only
+    params, buffers = _holders(model)
     try:
-        yield
+        with own_forward(model):
+            yield
     finally:
-        del model.to
+        for p, data, grad in params:
+            if p.dtype != data.dtype:
+                p.data = data
+            if grad is not None and p.grad.data.dtype != grad.dtype:
+                p.grad.data = grad
+        for module, name, buf in buffers:
+            if getattr(module, name) is not buf:
+                setattr(module, name, buf)
 
 
 @contextmanager

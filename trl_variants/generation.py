@@ -12,6 +12,7 @@ GRPOConfig's ``cache_implementation``), or transformers' continuous batching, ``
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import contextmanager
 
 import torch
 from transformers import GenerationConfig
@@ -270,9 +271,10 @@ def generate_completions_continuous(
             options = dict(continuous_batching_config or {})
             if device.type == "cpu":
                 options = _cpu_cache_blocks(options, chunk, max_new_tokens)
-            results = model.generate_batch(
-                chunk, generation_config=config, progress_bar=False,
-                continuous_batching_config=ContinuousBatchingConfig(**options, seed=seed + call))
+            with own_forward(model):  # a trainer's model under bf16/fp16: generated in its weights' dtype
+                results = model.generate_batch(
+                    chunk, generation_config=config, progress_bar=False,
+                    continuous_batching_config=ContinuousBatchingConfig(**options, seed=seed + call))
             gen = _generated_tokens(results, chunk)
             for i in range(len(chunk) // num_samples):
                 out.append([truncate_after_eos(list(g), eos) for g in gen[i * num_samples : (i + 1) * num_samples]])
@@ -281,6 +283,25 @@ def generate_completions_continuous(
     finally:
         model.train(was_training)
     return out
+
+
+@contextmanager
+def own_forward(model):
+    """``model``'s own forward instead of the one Accelerate's mixed precision wraps it in (autocast, outputs
+    converted to float32), for as long as the block runs. Continuous batching cannot run under that wrapper: its
+    paged KV cache takes the weights' dtype while autocast hands it bf16 keys and values (float32 weights:
+    ``index_copy_(): self and source expected to have the same dtype``), and the output conversion calls ``.float()``
+    on the cache (bf16 weights: ``'PagedAttentionCache' object has no attribute 'float'``). Either way the engine logs
+    the error and fails every request."""
+    wrapped, own = vars(model).get("forward"), vars(model).get("_original_forward")
+    if wrapped is None or own is None:
+        yield
+        return
+    model.forward = own
+    try:
+        yield
+    finally:
+        model.forward = wrapped
 
 
 def _generated_tokens(results: dict, requests: list[list[int]]) -> list[list[int]]:

@@ -21,7 +21,7 @@ from trl_variants.presample.config import METADATA_KEY
 from trl_variants.presample.runner import HFGenerator
 from trl_variants.presample.vllm_backend import trainer_generator
 
-from ..helpers import small_trainer
+from ..helpers import small_config, small_trainer
 
 SMALL_ENGINE = {"num_blocks": 16, "page_size": 32, "max_batch_tokens": 256}  # a cache sized for these tests
 ENGINES = {"continuous_batching": dict(use_transformers_continuous_batching=True,
@@ -212,19 +212,114 @@ def test_eepo_falls_back_once_with_a_warning_under_continuous_batching(tmp_path)
                    use_transformers_continuous_batching=True)
 
 
-def test_bf16_continuous_batching_rollout_keeps_the_float32_weights(tmp_path):
-    """TRL 1.16's continuous-batching rollout casts the policy to bf16 in place (and never back), rounding the
-    float32 weights the optimizer updates at every rollout; the trainers keep them (generation still runs in bf16
-    through autocast) and the rollout's samples are valid."""
+def _bf16_engine_args(method):
+    args = dict(TRAIN_ARGS, bf16=True, **ENGINES["continuous_batching"])
+    if method == "apo":
+        args["num_generations"] = 1
+    if method == "eepo":
+        args["capture_stage2_logps"] = False
+    return args
+
+
+def _alternating_reward(completions, **kwargs):  # 0, 1 within every group: each step has advantages to follow
+    return [float(i % 2) for i in range(len(completions))]
+
+
+@pytest.mark.parametrize("method", ["erpo", "eepo", "dph", "apo", "composed"])
+def test_bf16_continuous_batching_trains_and_keeps_the_float32_weights(tmp_path, method):
+    """With bf16 (Accelerate's autocast around the forward, as on a GPU) continuous batching failed every request,
+    and TRL 1.16 casts the float32 policy to bf16 in place before generating (and never back). Each trainer takes a
+    step in ``train()``: every completion has tokens, the weights are float32 after it and moved, and the model's
+    forward is Accelerate's wrapper again."""
+    from trl_variants import ComposedConfig, ComposedTrainer
+    from trl_variants.default import DEFAULT_MODEL_PATH
+
+    dataset = load_default_dataset(n_train=4, n_test=1)["train"]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        trainer = small_trainer("erpo", tmp_path, dataset=load_default_dataset(n_train=4, n_test=1)["train"],
-                                bf16=True, **TRAIN_ARGS, **ENGINES["continuous_batching"])
-        trainer.model.train()
-        out = trainer._generate_and_score_completions([dict(trainer.train_dataset[i]) for i in (0, 0, 1, 1)])
-    assert {p.dtype for p in trainer.model.parameters()} == {torch.float32}
-    assert "to" not in vars(trainer.accelerator.unwrap_model(trainer.model))  # the no-op is gone after the rollout
-    assert out["completion_ids"].shape[0] == 4
+        if method == "composed":
+            args = small_config(ComposedConfig, tmp_path, parts=["erpo_query_weights", "eepo_two_stage_rollout"],
+                                **_bf16_engine_args("eepo"))
+            trainer = ComposedTrainer(model=DEFAULT_MODEL_PATH, reward_funcs=_alternating_reward, args=args,
+                                      train_dataset=dataset)
+        else:
+            trainer = small_trainer(method, tmp_path, dataset=dataset, reward_funcs=_alternating_reward,
+                                    **_bf16_engine_args(method))
+        before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+        trainer.train()
+    assert trainer.state.global_step == 1
+    assert trainer.state.log_history[0]["completions/min_length"] >= 1
+    model = trainer.accelerator.unwrap_model(trainer.model_wrapped)
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
+    assert any(not torch.equal(before[n], p) for n, p in model.named_parameters())
+    assert "_original_forward" in vars(model) and vars(model)["forward"] is not vars(model)["_original_forward"]
+
+
+def test_bf16_continuous_batching_rollout_puts_back_the_weights_bit_for_bit():
+    """The rollout's cast (``model.to(torch.bfloat16)``, as TRL's) is undone on exit: every parameter, gradient and
+    buffer holds its float32 tensor again, the same storage, bit for bit; the forward is the wrapped one again."""
+    from transformers import AutoModelForCausalLM
+
+    from trl_variants._numerics import weights_kept_in_place
+    from trl_variants.default import DEFAULT_MODEL_PATH
+
+    model = AutoModelForCausalLM.from_pretrained(DEFAULT_MODEL_PATH, dtype=torch.float32)
+    with torch.no_grad():
+        next(model.parameters()).add_(1e-4)  # a value bf16 cannot hold
+    for p in model.parameters():
+        p.grad = torch.full_like(p, 1e-4)
+    wrapped = lambda *a, **k: None  # noqa: E731  (stands in for Accelerate's autocast wrapper)
+    model._original_forward, model.forward = model.forward, wrapped
+    params = {n: (p.detach().clone(), p.data_ptr(), p.grad.clone()) for n, p in model.named_parameters()}
+    buffers = {n: b.clone() for n, b in model.named_buffers()}
+    trainer = SimpleNamespace(args=SimpleNamespace(bf16=True, fp16=False), use_transformers_continuous_batching=True,
+                              is_deepspeed_enabled=False, is_fsdp_enabled=False, model=model,
+                              accelerator=SimpleNamespace(unwrap_model=lambda m: m))
+    with weights_kept_in_place(trainer):
+        assert vars(model)["forward"] == model._original_forward  # the model's own forward while generating
+        model.to(torch.bfloat16)
+        assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    assert vars(model)["forward"] is wrapped
+    for n, p in model.named_parameters():
+        value, ptr, grad = params[n]
+        assert p.dtype == torch.float32 and p.data_ptr() == ptr and torch.equal(p, value) and torch.equal(p.grad, grad)
+    assert all(torch.equal(b, buffers[n]) and b.dtype == buffers[n].dtype for n, b in model.named_buffers())
+
+
+def test_generate_batch_runs_on_a_model_prepared_for_bf16(tiny_tokenizer):
+    """The offline pass and evaluation during training generate from the trainer's model, which Accelerate's bf16
+    wraps in autocast: continuous batching runs it with the model's own forward (the weights' dtype throughout),
+    giving the completions of the unprepared model."""
+    from accelerate import Accelerator
+    from transformers import AutoModelForCausalLM
+
+    from trl_variants.default import DEFAULT_MODEL_PATH
+
+    model = AutoModelForCausalLM.from_pretrained(DEFAULT_MODEL_PATH, dtype=torch.float32)
+    ids = _prompts(tiny_tokenizer, 2)
+    greedy = dict(max_new_tokens=8, do_sample=False, continuous_batching=True, continuous_batching_config=SMALL_ENGINE)
+    plain = generate_completions(model, tiny_tokenizer, ids, 1, **greedy)
+    prepared = Accelerator(cpu=True, mixed_precision="bf16").prepare(model)
+    assert "_original_forward" in vars(prepared)
+    assert generate_completions(prepared, tiny_tokenizer, ids, 1, **greedy) == plain
+
+
+def test_trl_grpo_trainer_fails_bf16_continuous_batching(tmp_path):
+    """Why benchmarks/bench_trainers.py --continuous_batching --gpu holds every variant's weights in bf16 with bf16
+    off: TRL 1.16's own GRPOTrainer, with bf16 and continuous batching, fails every request under Accelerate's
+    autocast wrapper and stops at an IndexError on the empty completions. When this test fails, TRL has fixed it:
+    drop the note in docs/gpu.md and let the benchmark train as the trainers do."""
+    from trl import GRPOConfig, GRPOTrainer
+
+    from trl_variants.default import DEFAULT_MODEL_PATH
+
+    args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", save_strategy="no", bf16=True,
+                      use_transformers_continuous_batching=True,
+                      transformers_continuous_batching_config=SMALL_ENGINE, **TRAIN_ARGS)
+    trainer = GRPOTrainer(model=DEFAULT_MODEL_PATH, reward_funcs=accuracy_reward, args=args,
+                          train_dataset=load_default_dataset(n_train=4, n_test=1)["train"])
+    with pytest.raises(IndexError):
+        trainer.train()
 
 
 @pytest.mark.parametrize("option", [dict(repetition_penalty=1.1), dict(generation_kwargs={"num_beams": 2})])
