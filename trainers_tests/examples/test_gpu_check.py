@@ -22,7 +22,7 @@ def test_dry_run_lists_every_step_within_the_budget():
     steps = _dry_run()
     names = [name for name, _, _ in steps]
     assert names == [f"smoke_{m}" for m in ("erpo", "eepo", "dph", "apo", "composed", "grpo")] + [
-        "main_job", "evaluate", "bench_continuous_batching", "bench_hf_generate"]
+        "main_job", "evaluate", "bench_hf_generate", "bench_continuous_batching"]
     for name, box, cmd in steps:
         assert int(box) <= 480, name  # no step may need more than the whole budget
         if name.startswith("smoke_") or name == "main_job":

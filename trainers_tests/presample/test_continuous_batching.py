@@ -255,6 +255,20 @@ def test_bf16_continuous_batching_trains_and_keeps_the_float32_weights(tmp_path,
     assert "_original_forward" in vars(model) and vars(model)["forward"] is not vars(model)["_original_forward"]
 
 
+def test_a_request_the_engine_fails_stops_training_naming_the_cache(tmp_path):
+    """A KV cache too small for any request: the engine logs its error and returns empty completions, which TRL
+    would take on to an IndexError; the trainer stops there, naming the settings to raise."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer = small_trainer("erpo", tmp_path, dataset=load_default_dataset(n_train=4, n_test=1)["train"],
+                                **TRAIN_ARGS, use_transformers_continuous_batching=True,
+                                transformers_continuous_batching_config={"num_blocks": 1, "page_size": 4,
+                                                                         "max_batch_tokens": 8})
+        with pytest.raises(RuntimeError, match=r"ERPOTrainer: transformers' continuous batching returned 2 of 2 "
+                                               r"completions empty.*raise num_blocks or max_memory_percent"):
+            trainer.train()
+
+
 def test_bf16_continuous_batching_rollout_puts_back_the_weights_bit_for_bit():
     """The rollout's cast (``model.to(torch.bfloat16)``, as TRL's) is undone on exit: every parameter, gradient and
     buffer holds its float32 tensor again, the same storage, bit for bit; the forward is the wrapped one again."""
