@@ -15,11 +15,12 @@
 #   bash benchmarks/gpu_check.sh --wheels DIR         # there: install DIR's wheels (no index, no deps), then run
 #
 # Options: --out DIR (results go to DIR/results/gpu and runs to DIR/work; default: $OUT when set, else the
-# repository), --budget SECONDS, --python PY (default python3).
+# repository), --budget SECONDS, --python PY (default python3), --only NAME[,NAME...] (those steps alone, e.g.
+# bench_hf_generate), --reps N (the benchmarks' repetitions, default 1; their time boxes grow with it).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-DRY=0; WHEELS=""; FETCH=""; BUDGET=480; PY=python3; BASE=${OUT:-}
+DRY=0; WHEELS=""; FETCH=""; BUDGET=480; PY=python3; BASE=${OUT:-}; ONLY=""; REPS=1
 while [ $# -gt 0 ]; do
     case "$1" in
         --dry-run) DRY=1 ;;
@@ -28,6 +29,8 @@ while [ $# -gt 0 ]; do
         --budget) BUDGET=$2; shift ;;
         --out) BASE=$2; shift ;;
         --python) PY=$2; shift ;;
+        --only) ONLY=$2; shift ;;
+        --reps) REPS=$2; shift ;;
         -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
         *) echo "gpu_check: unknown option $1 (see --help)" >&2; exit 2 ;;
     esac
@@ -53,7 +56,7 @@ RESULTS=${BASE:+$BASE/}results/gpu
 WORK=${BASE:+$BASE/}work/gpu_check
 TRAIN="$PY -m trl_variants train"
 SMOKE_FLAGS="--use_cpu false --bf16 true --max_steps 4 --heldout_eval_steps 0 --embedded_train_size 256 --save_strategy no --report_to none --logging_steps 1"
-BENCH="$PY benchmarks/bench_trainers.py --gpu --model qwen0.5b_shape --batch 64 --G 8 --max_completion_length 128 --steps 2 --warmup 1 --reps 1 --threads 8"
+BENCH="$PY benchmarks/bench_trainers.py --gpu --model qwen0.5b_shape --batch 64 --G 8 --max_completion_length 128 --steps 2 --warmup 1 --reps $REPS --threads 8"
 # the variants of each target side by side, the first targets' first (a run cut by its time box keeps what finished)
 BENCH_VARIANTS="grpo_beta0 grpo_two_generates eepo grpo_g2_half apo grpo_g2"
 
@@ -66,8 +69,20 @@ STEPS+=("main_job|300|$TRAIN erpo --use_cpu false --bf16 true --save_strategy no
 STEPS+=("evaluate|90|$PY -m trl_variants evaluate --models $WORK/main --max_prompts 200 --k 4 --temperatures 1.0 --output_dir $WORK/eval")
 # HF generate first: about 30-45 s a variant on an H100 (results/gpu/README.md), so the every-device targets fit;
 # transformers' continuous batching took longer there (over 90 s a variant) and gets what is left
-STEPS+=("bench_hf_generate|200|$BENCH --variants $BENCH_VARIANTS --out $RESULTS/bench_hf_generate")
-STEPS+=("bench_continuous_batching|180|$BENCH --continuous_batching --variants $BENCH_VARIANTS --out $RESULTS/bench_continuous_batching")
+STEPS+=("bench_hf_generate|$((200 * REPS))|$BENCH --variants $BENCH_VARIANTS --out $RESULTS/bench_hf_generate")
+STEPS+=("bench_continuous_batching|$((180 * REPS))|$BENCH --continuous_batching --variants $BENCH_VARIANTS --out $RESULTS/bench_continuous_batching")
+
+if [ -n "$ONLY" ]; then
+    KEPT=()
+    for step in "${STEPS[@]}"; do
+        case ",$ONLY," in *",${step%%|*},"*) KEPT+=("$step") ;; esac
+    done
+    if [ ${#KEPT[@]} -eq 0 ]; then
+        echo "gpu_check: --only $ONLY names no step; the steps: $(for s in "${STEPS[@]}"; do printf '%s ' "${s%%|*}"; done)" >&2
+        exit 2
+    fi
+    STEPS=("${KEPT[@]}")
+fi
 
 if [ "$DRY" -eq 1 ]; then
     for step in "${STEPS[@]}"; do
