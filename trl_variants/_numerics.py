@@ -238,12 +238,14 @@ class FiniteTrainingMixin:
             completion_ids, logprobs = super()._generate_single_turn(prompt_ids, images, multimodal_fields,
                                                                      num_generations, has_tool_images)
         if self.use_transformers_continuous_batching:
-            empty = sum(len(ids) == 0 for ids in completion_ids)
-            if empty:  # a request the engine failed (it logs the error): TRL would go on to an IndexError
+            # a request the engine failed (it logs the error) comes back empty or not at all: TRL would go on to an
+            # IndexError or misaligned rows
+            failed = sum(len(ids) == 0 for ids in completion_ids) + len(prompt_ids) - len(completion_ids)
+            if failed:
                 raise RuntimeError(
-                    f"{type(self).__name__}: transformers' continuous batching returned {empty} of "
-                    f"{len(completion_ids)} completions empty: the engine failed those requests (its error is "
-                    "logged above by ContinuousBatchingLogger). If the KV cache is too small for a request (prompt + "
+                    f"{type(self).__name__}: transformers' continuous batching failed {failed} of {len(prompt_ids)} "
+                    "requests (empty or missing completions; the engine's error is logged above by "
+                    "ContinuousBatchingLogger). If the KV cache is too small for a request (prompt + "
                     "max_completion_length tokens), raise num_blocks or max_memory_percent in "
                     "transformers_continuous_batching_config")
         return completion_ids, logprobs
@@ -258,34 +260,36 @@ def _holders(model):
 
 @contextmanager
 def weights_kept_in_place(trainer):
-    """The continuous-batching rollout under bf16/fp16, without losing the float32 weights. TRL 1.16 casts the policy
-    in place before ``generate_batch`` (``unwrapped_model.to(torch.bfloat16)`` when ``bf16``) and never back: the
-    float32 weights the optimizer updates would be rounded to bf16 at every rollout, so updates below bf16's
-    resolution vanish, as with no master copy at all. And under Accelerate's mixed precision it would fail every
-    request (:func:`~trl_variants.generation.own_forward`). So for the rollout the model runs its own forward, TRL's cast happens (generation
-    in bf16/fp16, as TRL intends), and afterwards every parameter, gradient and buffer gets back the tensor it held
-    before, bit for bit. (DeepSpeed and FSDP hold the weights in their own way: left to TRL.)"""
-    args = trainer.args
-    if not (trainer.use_transformers_continuous_batching and (args.bf16 or args.fp16)
-            and not trainer.is_deepspeed_enabled and not trainer.is_fsdp_enabled):
+    """The continuous-batching rollout, without losing the float32 weights or the run. TRL 1.16 casts the policy in
+    place before ``generate_batch`` (``unwrapped_model.to(torch.bfloat16)`` when ``bf16``, then the head back to
+    float32 with ``cast_lm_head_to_fp32``) and never back: the float32 weights the optimizer updates would be rounded
+    to bf16 at every rollout, so updates below bf16's resolution vanish, as with no master copy at all. And under
+    Accelerate's mixed precision (``bf16``/``fp16``, or ``mixed_precision`` from ``accelerate launch``) every request
+    would fail (:func:`~trl_variants.generation.own_forward`). So for the rollout the model runs its own forward,
+    TRL's cast happens (generation in bf16/fp16, as TRL intends; float32 and bf16 copies of the weights are both held
+    meanwhile), and afterwards every parameter, gradient and buffer gets back the tensor it held before, bit for bit,
+    and the model its train/eval mode. (DeepSpeed holds the weights in its own way: left to TRL; FSDP with mixed
+    precision is refused by the configs.)"""
+    if not trainer.use_transformers_continuous_batching or trainer.is_deepspeed_enabled or trainer.is_fsdp_enabled:
         yield
         return
     from .generation import own_forward
 
     model = trainer.accelerator.unwrap_model(trainer.model)
     params, buffers = _holders(model)
+    was_training = model.training
     try:
         with own_forward(model):
             yield
     finally:
-        for p, data, grad in params:
-            if p.dtype != data.dtype:
-                p.data = data
-            if grad is not None and p.grad.data.dtype != grad.dtype:
+        for p, data, grad in params:  # every one: a head cast back to float32 holds bf16-rounded values
+            p.data = data
+            if grad is not None:
                 p.grad.data = grad
         for module, name, buf in buffers:
             if getattr(module, name) is not buf:
                 setattr(module, name, buf)
+        model.train(was_training)
 
 
 @contextmanager

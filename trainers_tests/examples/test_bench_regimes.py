@@ -13,14 +13,16 @@ def _bench():
     return bench
 
 
-def _runs(**step_times):
-    return {v: [{"step_time_s": t} for t in ts] for v, ts in step_times.items()}
+def _runs(generating=0.9, **step_times):
+    """Runs whose step times are given, generation taking ``generating`` of each step."""
+    return {v: [{"step_time_s": t, "generate_s": generating * t} for t in ts] for v, ts in step_times.items()}
 
 
 def test_throughput_bound_targets_are_judged_only_where_generation_is():
-    """A GPU run with continuous batching judges the throughput-bound targets only when two half-size calls cost
-    about one full call (measured: their paired median ratio at most 1.3); on the H100 run (1.88x) and on a CPU they
-    are shown for information. The every-device targets are judged everywhere."""
+    """A GPU run with continuous batching judges the throughput-bound targets only when its two half-size calls spend
+    about the generation time of one full call (paired median ratio at most 1.3); on the H100 run (1.90x), where
+    generation is a small share of the step, without the pair, and on a CPU they are shown for information. The
+    every-device targets are judged everywhere."""
     bench = _bench()
     gpu_cb = {"gpu": True, "continuous_batching": True}
     scaling = _runs(grpo_beta0=[10.0, 10.0, 10.0], grpo_two_generates=[11.0, 12.0, 11.5], eepo=[12.0, 12.5, 14.0])
@@ -32,6 +34,13 @@ def test_throughput_bound_targets_are_judged_only_where_generation_is():
     rows = {(r["variant"], r["baseline"]): r for r in bench.regime_targets(h100, gpu_cb)}
     assert rows[("eepo", "grpo_beta0")]["met"] is None  # not throughput-bound: shown, not judged
     assert rows[("eepo", "grpo_two_generates")]["met"] is True  # 23.0 / 21.42 = 1.07 <= 1.20
+
+    # generation a quarter of the step: steps 1.25x apart, generation twice as long -> not throughput-bound
+    small_share = _runs(generating=0.25, grpo_beta0=[10.0], eepo=[12.0])
+    small_share["grpo_two_generates"] = [{"step_time_s": 12.5, "generate_s": 5.0}]
+    assert bench.regime_targets(small_share, gpu_cb)[-1]["met"] is None
+    without_pair = _runs(grpo_beta0=[10.0], eepo=[12.0])
+    assert [r["met"] for r in bench.regime_targets(without_pair, gpu_cb)] == [None]
 
     cpu = {(r["variant"], r["baseline"]): r for r in bench.regime_targets(scaling, {"gpu": False})}
     assert cpu[("eepo", "grpo_beta0")]["met"] is None and cpu[("eepo", "grpo_two_generates")]["met"] is True

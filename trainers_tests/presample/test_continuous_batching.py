@@ -264,36 +264,59 @@ def test_a_request_the_engine_fails_stops_training_naming_the_cache(tmp_path):
                                 **TRAIN_ARGS, use_transformers_continuous_batching=True,
                                 transformers_continuous_batching_config={"num_blocks": 1, "page_size": 4,
                                                                          "max_batch_tokens": 8})
-        with pytest.raises(RuntimeError, match=r"ERPOTrainer: transformers' continuous batching returned 2 of 2 "
-                                               r"completions empty.*raise num_blocks or max_memory_percent"):
+        with pytest.raises(RuntimeError, match=r"ERPOTrainer: transformers' continuous batching failed 2 of 2 "
+                                               r"requests.*raise num_blocks or max_memory_percent"):
             trainer.train()
 
 
-def test_bf16_continuous_batching_rollout_puts_back_the_weights_bit_for_bit():
-    """The rollout's cast (``model.to(torch.bfloat16)``, as TRL's) is undone on exit: every parameter, gradient and
-    buffer holds its float32 tensor again, the same storage, bit for bit; the forward is the wrapped one again."""
+def _autocast_wrapped(model):
+    """``model`` with its forward wrapped as Accelerate's bf16 wraps it (autocast, outputs converted to float32),
+    built from Accelerate's public helper, without an Accelerator (whose process-wide state the trainers own)."""
+    from types import MethodType
+
+    from accelerate.utils import convert_outputs_to_fp32
+
+    model._original_forward = model.forward
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16)
+    model.forward = MethodType(convert_outputs_to_fp32(autocast(model.forward.__func__)), model)
+    return model
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_continuous_batching_rollout_puts_back_the_weights_bit_for_bit(fails):
+    """The rollout's casts (``model.to(torch.bfloat16)``, then the head back to float32, as TRL's with
+    ``cast_lm_head_to_fp32``) are undone on exit, also when the rollout raises: every parameter, gradient and buffer
+    holds its float32 tensor again, the same storage, bit for bit; the forward is the wrapped one again and the model
+    is back in its mode."""
     from transformers import AutoModelForCausalLM
 
     from trl_variants._numerics import weights_kept_in_place
     from trl_variants.default import DEFAULT_MODEL_PATH
 
-    model = AutoModelForCausalLM.from_pretrained(DEFAULT_MODEL_PATH, dtype=torch.float32)
+    model = _autocast_wrapped(AutoModelForCausalLM.from_pretrained(DEFAULT_MODEL_PATH, dtype=torch.float32))
+    model.eval()
     with torch.no_grad():
-        next(model.parameters()).add_(1e-4)  # a value bf16 cannot hold
+        for p in model.parameters():
+            p.add_(1e-4)  # values bf16 cannot hold
     for p in model.parameters():
         p.grad = torch.full_like(p, 1e-4)
-    wrapped = lambda *a, **k: None  # noqa: E731  (stands in for Accelerate's autocast wrapper)
-    model._original_forward, model.forward = model.forward, wrapped
+    wrapped = vars(model)["forward"]
     params = {n: (p.detach().clone(), p.data_ptr(), p.grad.clone()) for n, p in model.named_parameters()}
     buffers = {n: b.clone() for n, b in model.named_buffers()}
-    trainer = SimpleNamespace(args=SimpleNamespace(bf16=True, fp16=False), use_transformers_continuous_batching=True,
-                              is_deepspeed_enabled=False, is_fsdp_enabled=False, model=model,
-                              accelerator=SimpleNamespace(unwrap_model=lambda m: m))
-    with weights_kept_in_place(trainer):
-        assert vars(model)["forward"] == model._original_forward  # the model's own forward while generating
-        model.to(torch.bfloat16)
-        assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
-    assert vars(model)["forward"] is wrapped
+    head = model.get_output_embeddings().weight.detach().clone()  # tied to the embedding in the tiny model
+    trainer = SimpleNamespace(use_transformers_continuous_batching=True, is_deepspeed_enabled=False,
+                              is_fsdp_enabled=False, model=model, accelerator=SimpleNamespace(unwrap_model=lambda m: m))
+    with pytest.raises(RuntimeError) if fails else warnings.catch_warnings():
+        with weights_kept_in_place(trainer):
+            assert vars(model)["forward"] == model._original_forward  # the model's own forward while generating
+            model.to(torch.bfloat16)
+            model.get_output_embeddings().to(torch.float32)
+            model.train()  # as TRL leaves it
+            head_now = model.get_output_embeddings().weight
+            assert head_now.dtype == torch.float32 and not torch.equal(head_now, head)  # rounded through bf16
+            if fails:
+                raise RuntimeError("the engine failed")
+    assert vars(model)["forward"] is wrapped and not model.training
     for n, p in model.named_parameters():
         value, ptr, grad = params[n]
         assert p.dtype == torch.float32 and p.data_ptr() == ptr and torch.equal(p, value) and torch.equal(p.grad, grad)
@@ -304,7 +327,6 @@ def test_generate_batch_runs_on_a_model_prepared_for_bf16(tiny_tokenizer):
     """The offline pass and evaluation during training generate from the trainer's model, which Accelerate's bf16
     wraps in autocast: continuous batching runs it with the model's own forward (the weights' dtype throughout),
     giving the completions of the unprepared model."""
-    from accelerate import Accelerator
     from transformers import AutoModelForCausalLM
 
     from trl_variants.default import DEFAULT_MODEL_PATH
@@ -313,8 +335,7 @@ def test_generate_batch_runs_on_a_model_prepared_for_bf16(tiny_tokenizer):
     ids = _prompts(tiny_tokenizer, 2)
     greedy = dict(max_new_tokens=8, do_sample=False, continuous_batching=True, continuous_batching_config=SMALL_ENGINE)
     plain = generate_completions(model, tiny_tokenizer, ids, 1, **greedy)
-    prepared = Accelerator(cpu=True, mixed_precision="bf16").prepare(model)
-    assert "_original_forward" in vars(prepared)
+    prepared = _autocast_wrapped(model)
     assert generate_completions(prepared, tiny_tokenizer, ids, 1, **greedy) == plain
 
 
@@ -342,3 +363,16 @@ def test_trainer_configs_refuse_what_continuous_batching_drops(tmp_path, option)
 
     with pytest.raises(ValueError, match="ERPOConfig.use_transformers_continuous_batching"):
         ERPOConfig(output_dir=str(tmp_path), use_cpu=True, use_transformers_continuous_batching=True, **option)
+
+
+def test_continuous_batching_under_fsdp_with_mixed_precision_is_refused(tmp_path, monkeypatch):
+    """Under FSDP the trainers neither keep the float32 weights from TRL's in-place cast nor swap the forward: the
+    configs refuse the combination by name, naming the ways to generate instead; without mixed precision it passes."""
+    from trl_variants import ERPOConfig
+
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    common = dict(output_dir=str(tmp_path), use_cpu=True, use_transformers_continuous_batching=True)
+    with pytest.raises(ValueError, match=r"ERPOConfig.use_transformers_continuous_batching under FSDP with bf16/fp16 "
+                                         r"is refused.*use_vllm: true"):
+        ERPOConfig(bf16=True, **common)
+    ERPOConfig(bf16=False, **common)
