@@ -277,7 +277,7 @@ def test_numbers_are_printed_with_the_decimals_their_verdict_needs():
 @pytest.mark.slow
 def test_reduced_replication_grpo_beats_the_base(tmp_path, monkeypatch):
     out = tmp_path / "replication"
-    argv = ["--seeds", "0", "--methods", "grpo", "--steps", "30", "--train_prompts", "256", "--eval_prompts", "200",
+    argv = ["--seeds", "0", "--methods", "grpo", "--steps", "30", "--train_prompts", "256", "--eval_prompts", "100",
             "--k", "2", "--temperatures", "1.0", "--logging_steps", "5", "--threads", "1", "--out", str(out),
             "--work_dir", str(tmp_path / "work")]
     result = replicate.main(argv)

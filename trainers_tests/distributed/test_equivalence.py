@@ -61,17 +61,19 @@ def assert_same_run(one: Path, two: Path) -> None:
 
 
 @pytest.mark.slow
+# "composed_ds" runs every part at once (ERPO's two, DPH-RL's rehearsal, EEPO's rollout, DAPO's dynamic sampling);
+# the same parts without dynamic sampling ("composed") are left to the harness, to keep the suite under its budget
 @pytest.mark.parametrize("trainer,port", [("erpo", 29621), ("apo", 29623), ("dph", 29625), ("eepo", 29627),
-                                          ("composed", 29629), ("composed_ds", 29631), ("apo_lazy", 29633),
-                                          ("dapo_stream", 29635)])
+                                          ("composed_ds", 29631), ("apo_lazy", 29633), ("dapo_stream", 29635)])
 def test_two_processes_train_as_one(tmp_path, trainer, port):
     launch(1, trainer, tmp_path / "one", port)
     launch(2, trainer, tmp_path / "two", port + 1)
     assert_same_run(tmp_path / "one", tmp_path / "two")
-    if trainer in ("eepo", "composed"):
+    if trainer in ("eepo", "composed_ds"):
         ranks = [json.loads((tmp_path / "two" / f"rank{r}.json").read_text()) for r in (0, 1)]
         digests = [r["rollout_model_digests"] for r in ranks]
-        assert len(digests[0]) == 3 and digests[0] == digests[1]  # every rank sampled stage 2 from the same model
+        # every rank sampled stage 2 from the same model, one per step (dynamic sampling's extra rounds included)
+        assert len(digests[0]) >= 3 and digests[0] == digests[1]
     if trainer == "dapo_stream":  # every rank read the refill stream as far as the single process did
         ranks = [json.loads((tmp_path / d / f"rank{r}.json").read_text()) for d, r in (("one", 0), ("two", 0),
                                                                                         ("two", 1))]
