@@ -70,13 +70,17 @@ def _env_true(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in ("1", "true", "yes")
 
 
+def uses_fsdp(args) -> bool:
+    """Whether the run is under FSDP: ``args.fsdp``, or ``accelerate launch`` with an FSDP config."""
+    return bool(getattr(args, "fsdp", None)) or _env_true("ACCELERATE_USE_FSDP")
+
+
 def has_master_weights(args) -> bool:
     """Whether the run keeps an fp32 master copy of low-precision weights: DeepSpeed with bf16/fp16 on (its mixed
     precision optimizer), or FSDP with mixed precision (Accelerate upcasts the trainable parameters to float32)."""
     mixed = bool(args.bf16 or args.fp16)
     deepspeed = bool(getattr(args, "deepspeed", None)) or _env_true("ACCELERATE_USE_DEEPSPEED")
-    fsdp = bool(getattr(args, "fsdp", None)) or _env_true("ACCELERATE_USE_FSDP")
-    return mixed and (deepspeed or fsdp)
+    return mixed and (deepspeed or uses_fsdp(args))
 
 
 def _low_dtype(value):
