@@ -16,11 +16,12 @@
 #
 # Options: --out DIR (results go to DIR/results/gpu and runs to DIR/work; default: $OUT when set, else the
 # repository), --budget SECONDS, --python PY (default python3), --only NAME[,NAME...] (those steps alone, e.g.
-# bench_hf_generate), --reps N (the benchmarks' repetitions, default 1; their time boxes grow with it).
+# bench_hf_generate), --reps N (the benchmarks' repetitions, default 1; their time boxes grow with it), --variants
+# "V1 V2 ..." (the benchmarks' variants of bench_trainers.py, default all six below).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-DRY=0; WHEELS=""; FETCH=""; BUDGET=480; PY=python3; BASE=${OUT:-}; ONLY=""; REPS=1
+DRY=0; WHEELS=""; FETCH=""; BUDGET=480; PY=python3; BASE=${OUT:-}; ONLY=""; REPS=1; VARIANTS=""
 while [ $# -gt 0 ]; do
     case "$1" in
         --dry-run) DRY=1 ;;
@@ -31,6 +32,7 @@ while [ $# -gt 0 ]; do
         --python) PY=$2; shift ;;
         --only) ONLY=$2; shift ;;
         --reps) REPS=$2; shift ;;
+        --variants) VARIANTS=$2; shift ;;
         -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
         *) echo "gpu_check: unknown option $1 (see --help)" >&2; exit 2 ;;
     esac
@@ -58,7 +60,7 @@ TRAIN="$PY -m trl_variants train"
 SMOKE_FLAGS="--use_cpu false --bf16 true --max_steps 4 --heldout_eval_steps 0 --embedded_train_size 256 --save_strategy no --report_to none --logging_steps 1"
 BENCH="$PY benchmarks/bench_trainers.py --gpu --model qwen0.5b_shape --batch 64 --G 8 --max_completion_length 128 --steps 2 --warmup 1 --reps $REPS --threads 8"
 # the variants of each target side by side, the first targets' first (a run cut by its time box keeps what finished)
-BENCH_VARIANTS="grpo_beta0 grpo_two_generates eepo grpo_g2_half apo grpo_g2"
+BENCH_VARIANTS=${VARIANTS:-"grpo_beta0 grpo_two_generates eepo grpo_g2_half apo grpo_g2"}
 
 # name | time box (s) | command
 STEPS=()

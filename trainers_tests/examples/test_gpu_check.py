@@ -91,11 +91,11 @@ def test_the_training_command_says_where_it_runs(tmp_path, monkeypatch):
 
 
 def test_only_and_reps_pick_steps_for_a_benchmark_session():
-    """`--only bench_hf_generate --reps 3`: one step, three repetitions, a time box three times as long; a name that
-    is no step is refused, listing the steps."""
-    steps = _dry_run("--only", "bench_hf_generate", "--reps", "3")
+    """`--only bench_hf_generate --reps 3 --variants ...`: one step, three repetitions of those variants, a time box
+    three times as long; a name that is no step is refused, listing the steps."""
+    steps = _dry_run("--only", "bench_hf_generate", "--reps", "3", "--variants", "grpo_g2_half apo")
     assert [(name, int(box)) for name, box, _ in steps] == [("bench_hf_generate", 600)]
-    assert "--reps 3" in steps[0][2]
+    assert "--reps 3" in steps[0][2] and steps[0][2].endswith("--variants grpo_g2_half apo --out results/gpu/bench_hf_generate")
     proc = subprocess.run(["bash", str(SCRIPT), "--dry-run", "--only", "bench_hf"], capture_output=True, text=True,
                           cwd=ROOT)
     assert proc.returncode == 2 and "names no step" in proc.stderr and "bench_hf_generate" in proc.stderr
