@@ -44,3 +44,22 @@ def test_throughput_bound_targets_are_judged_only_where_generation_is():
 
     cpu = {(r["variant"], r["baseline"]): r for r in bench.regime_targets(scaling, {"gpu": False})}
     assert cpu[("eepo", "grpo_beta0")]["met"] is None and cpu[("eepo", "grpo_two_generates")]["met"] is True
+
+
+def test_gpu_continuous_batching_variants_hold_bf16_weights_with_bf16_off(tmp_path):
+    """`--gpu --continuous_batching`: TRL's own GRPOTrainer fails bf16 + continuous batching, so every variant holds
+    its weights in bf16 with bf16 off (ours allowing it: no upcast), the same setting for the baseline and ours.
+    (Built here on the CPU, which transformers allows with bf16 off; nothing is trained.)"""
+    import torch
+
+    from trl_variants.default import DEFAULT_MODEL_PATH
+
+    bench = _bench()
+    args = bench.build_parser().parse_args(["--gpu", "--continuous_batching", "--batch", "8", "--G", "4",
+                                            "--max_completion_length", "8", "--steps", "1", "--warmup", "0"])
+    for variant in ("grpo_beta0", "grpo_two_generates", "eepo"):
+        trainer = bench.build_trainer(variant, DEFAULT_MODEL_PATH, str(tmp_path / variant), args)
+        assert not trainer.args.bf16 and trainer.args.use_transformers_continuous_batching, variant
+        assert {p.dtype for p in trainer.model.parameters()} == {torch.bfloat16}, variant
+        if variant == "eepo":
+            assert trainer.args.low_precision_weights == "allow"
