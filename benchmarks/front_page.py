@@ -47,12 +47,13 @@ SOURCES = {
 BASELINE_LABEL = {"grpo_beta0": "GRPO", "grpo_g2": "GRPO(G=2)", "grpo_beta0_accuracy": "GRPO (same reward)",
                   "grpo_two_generates": "GRPO in two half calls", "grpo_g2_half": "GRPO(G=2), same rows",
                   "a2po": "A2POTrainer"}
-# trainer row: (label, variant, paper name in the claims, regime studies)
+# trainer row: (label, variant, paper name in the claims, regime studies). A study whose results are not there yet
+# is left out: the confirmatory rounds (results/claims_protocol.md, seeds 5-14) appear once they have run, first.
 ROWS = (
     ("ERPO", "erpo", "ERPO", ()),
-    ("EEPO", "eepo", "EEPO", ("replication_narrow_eepo",)),
-    ("DPH-RL", "dph", "DPH-RL", ("replication_narrow",)),
-    ("A*-PO", "apo", "A*-PO", ("replication_apo_regime",)),
+    ("EEPO", "eepo", "EEPO", ("replication_hard_split_confirm", "replication_narrow_eepo")),
+    ("DPH-RL", "dph", "DPH-RL", ("replication_narrow_confirm", "replication_narrow")),
+    ("A*-PO", "apo", "A*-PO", ("replication_apo_regime_confirm", "replication_apo_regime")),
 )
 MEASURES_SHOWN = 2  # numbers per claim cell: the claim's first measures; the page has them all
 
@@ -103,7 +104,10 @@ def _pm(pair, digits: int) -> str:
 
 def claim_cell(study: str, paper: str) -> tuple[str, dict] | tuple[None, None]:
     source = f"results/{study}/replication.json"
-    claims = [c for c in json.loads((ROOT / source).read_text()).get("claims", []) if c["paper"] == paper]
+    if not (ROOT / source).is_file():  # a study not run yet
+        return None, None
+    data = json.loads((ROOT / source).read_text())
+    claims = [c for c in data.get("claims", []) if c["paper"] == paper]
     if not claims:
         return None, None
     c = claims[0]
@@ -114,7 +118,10 @@ def claim_cell(study: str, paper: str) -> tuple[str, dict] | tuple[None, None]:
         shown.append(f"{name} {_pm(ours, digits)} vs {_pm(theirs, digits)}"
                      + ("" if labels[1].startswith("GRPO") else f" ({labels[1]})"))
     parts = "; ".join(f"{part}: {verdict}" for part, verdict in c["parts"].items())
-    cell = f"**{c['verdict']}** ({parts})<br>{'; '.join(shown)} ({_link(f'results/{study}/README.md', 'page')})"
+    seeds = data.get("settings", {}).get("seeds", [])
+    rounds = f"confirmatory, seeds {seeds[0]}-{seeds[-1]}: " if study.endswith("_confirm") and seeds else ""
+    cell = (f"{rounds}**{c['verdict']}** ({parts})<br>{'; '.join(shown)} "
+            f"({_link(f'results/{study}/README.md', 'page')})")
     return cell, {"study": study, "paper": paper, "verdict": c["verdict"], "parts": c["parts"],
                   "numbers": {k: v for k, v in list(c["numbers"].items())[:MEASURES_SHOWN]}, "file": source}
 

@@ -124,3 +124,22 @@ def test_code_examples_train_as_the_recipes_they_mirror():
     assert _recipe_differences(readme_args, ROOT / "configs/erpo/tiny_cpu.yaml") == {}
     composed_args = _snippet_config((ROOT / "docs/trainers.md").read_text(), "ComposedConfig(")
     assert _recipe_differences(composed_args, ROOT / "configs/composed/tiny_cpu.yaml") == {}
+
+
+def test_a_confirmatory_round_is_shown_first_once_it_has_run(tmp_path, monkeypatch):
+    """A regime study not run yet is left out; a confirmatory one (``*_confirm``) that has run comes first, labelled
+    with its seeds, the exploratory one after it."""
+    front_page = _front_page()
+    claim = {"paper": "DPH-RL", "verdict": "holds", "parts": {"pass@64 at or above GRPO": "holds"},
+             "numbers": {"pass@64": [[0.97, 0.01], [0.95, 0.02]]}}
+    for study, seeds in (("replication_narrow", [0, 1, 2, 3, 4]), ("replication_narrow_confirm", list(range(5, 15)))):
+        (tmp_path / "results" / study).mkdir(parents=True)
+        (tmp_path / "results" / study / "replication.json").write_text(
+            json.dumps({"settings": {"seeds": seeds}, "claims": [claim]}))
+    monkeypatch.setattr(front_page, "ROOT", tmp_path)
+    assert front_page.claim_cell("replication_apo_regime_confirm", "A*-PO") == (None, None)  # not run
+    confirm, _ = front_page.claim_cell("replication_narrow_confirm", "DPH-RL")
+    exploratory, _ = front_page.claim_cell("replication_narrow", "DPH-RL")
+    assert confirm.startswith("confirmatory, seeds 5-14: **holds**") and exploratory.startswith("**holds**")
+    dph_row = next(r for r in front_page.ROWS if r[0] == "DPH-RL")
+    assert dph_row[3] == ("replication_narrow_confirm", "replication_narrow")
