@@ -246,12 +246,12 @@ class FiniteTrainingMixin:
             # IndexError or misaligned rows
             failed = sum(len(ids) == 0 for ids in completion_ids) + len(prompt_ids) - len(completion_ids)
             if failed:
+                from .generation import CACHE_TOO_SMALL
+
                 raise RuntimeError(
                     f"{type(self).__name__}: transformers' continuous batching failed {failed} of {len(prompt_ids)} "
                     "requests (empty or missing completions; the engine's error is logged above by "
-                    "ContinuousBatchingLogger). If the KV cache is too small for a request (prompt + "
-                    "max_completion_length tokens), raise num_blocks or max_memory_percent in "
-                    "transformers_continuous_batching_config")
+                    f"ContinuousBatchingLogger). {CACHE_TOO_SMALL}")
         return completion_ids, logprobs
 
 

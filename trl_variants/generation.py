@@ -304,6 +304,11 @@ def own_forward(model):
         model.forward = wrapped
 
 
+# what to do when the engine failed requests (said here and by the trainers' continuous-batching rollout)
+CACHE_TOO_SMALL = ("If the KV cache is too small for a request (prompt + max_completion_length tokens), raise "
+                   "num_blocks or max_memory_percent in transformers_continuous_batching_config")
+
+
 def _generated_tokens(results: dict, requests: list[list[int]]) -> list[list[int]]:
     """The tokens ``generate_batch`` generated for each request, in request order; a missing or failed request
     (transformers logs those and returns the rest) is raised, naming the engine's error."""
@@ -312,9 +317,7 @@ def _generated_tokens(results: dict, requests: list[list[int]]) -> list[list[int
     if len(outputs) != len(requests) or failed:
         hint = f": {failed[0]}" if failed else ""
         raise RuntimeError(f"transformers' continuous batching returned {len(outputs) - len(failed)} of "
-                           f"{len(requests)} completions{hint}. If the KV cache is too small for a request (prompt + "
-                           "max_completion_length tokens), raise num_blocks or max_memory_percent in "
-                           "transformers_continuous_batching_config")
+                           f"{len(requests)} completions{hint}. {CACHE_TOO_SMALL}")
     if any(list(o.prompt_ids) != r for o, r in zip(outputs, requests, strict=True)):
         raise RuntimeError("transformers' continuous batching returned its completions out of the request order")
     return [list(o.generated_tokens) for o in outputs]
