@@ -51,7 +51,7 @@ BASELINE_LABEL = {"grpo_beta0": "GRPO", "grpo_g2": "GRPO(G=2)", "grpo_beta0_accu
 # is left out: the confirmatory rounds (results/claims_protocol.md, seeds 5-14) appear once they have run, first.
 ROWS = (
     ("ERPO", "erpo", "ERPO", ()),
-    ("EEPO", "eepo", "EEPO", ("replication_hard_split_confirm", "replication_narrow_eepo")),
+    ("EEPO", "eepo", "EEPO", ("replication_hard_split_confirm", "replication_hard_split", "replication_narrow_eepo")),
     ("DPH-RL", "dph", "DPH-RL", ("replication_narrow_confirm", "replication_narrow")),
     ("A*-PO", "apo", "A*-PO", ("replication_apo_regime_confirm", "replication_apo_regime")),
 )
@@ -115,8 +115,10 @@ def claim_cell(study: str, paper: str) -> tuple[str, dict] | tuple[None, None]:
     for name, (ours, theirs) in list(c["numbers"].items())[:MEASURES_SHOWN]:
         digits = 0 if "wall time" in name else c.get("digits", {}).get(name, 3)
         labels = c.get("labels", {}).get(name, [paper, "GRPO"])
+        difference = c.get("differences", {}).get(name)  # an "equal or better" part reads this, not the two means
         shown.append(f"{name} {_pm(ours, digits)} vs {_pm(theirs, digits)}"
-                     + ("" if labels[1].startswith("GRPO") else f" ({labels[1]})"))
+                     + ("" if labels[1].startswith("GRPO") else f" ({labels[1]})")
+                     + (f", paired difference {_pm(difference, digits)}" if difference else ""))
     parts = "; ".join(f"{part}: {verdict}" for part, verdict in c["parts"].items())
     seeds = data.get("settings", {}).get("seeds", [])
     rounds = f"confirmatory, seeds {seeds[0]}-{seeds[-1]}: " if study.endswith("_confirm") and seeds else ""

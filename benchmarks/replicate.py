@@ -178,6 +178,22 @@ def shown_digits(verdict: str, relation: str, a: tuple[float, float], b: tuple[f
     return 6
 
 
+def column_digits(column: list[tuple[float, float]]) -> int:
+    """Decimals for one column of a page's table of every number: 3, or more where rounding would show two intervals
+    that are apart as touching (or two that overlap as apart), so the table agrees with the claims above it."""
+    finite = [x for x in column if not any(math.isnan(v) for v in x)]
+
+    def apart(a, b):
+        return apart_verdict(a, b, ">") != "inconclusive"
+
+    for d in range(3, 7):
+        shown = [tuple(float(f"{v:.{d}f}") for v in x) for x in finite]
+        if all(apart(finite[i], finite[j]) == apart(shown[i], shown[j])
+               for i in range(len(finite)) for j in range(i + 1, len(finite))):
+            return d
+    return 6
+
+
 def combine(verdicts: list[str]) -> str:
     if "does not hold" in verdicts:
         return "does not hold"
@@ -744,8 +760,9 @@ def write_page(out: Path, args, stats: dict, claim_lines: list[dict], wall_s: fl
     lines += ["", *paired_lines(per_seed or {}, k), *passk_lines(evals or {}, k),
               "## Every number (held-out set, T = 1.0 unless stated)", "",
               "| method | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
+    digits = {c: column_digits([s[c] for s in stats.values()]) for c in cols}
     for method, s in stats.items():
-        lines.append(f"| {LABELS[method]} | " + " | ".join(fmt(s[c]) for c in cols) + " |")
+        lines.append(f"| {LABELS[method]} | " + " | ".join(fmt(s[c], digits[c]) for c in cols) + " |")
     lines += [""] + (["![claims](claims.png)", ""] if claim_lines else [])
     lines += ["![training curves](training_curves.png)", "", "![pass@k](pass_at_k.png)", "",
               "![accuracy vs temperature](accuracy_vs_temperature.png)", ""]

@@ -141,5 +141,19 @@ def test_a_confirmatory_round_is_shown_first_once_it_has_run(tmp_path, monkeypat
     confirm, _ = front_page.claim_cell("replication_narrow_confirm", "DPH-RL")
     exploratory, _ = front_page.claim_cell("replication_narrow", "DPH-RL")
     assert confirm.startswith("confirmatory, seeds 5-14: **holds**") and exploratory.startswith("**holds**")
+    assert "pass@64 0.970 ± 0.010 vs 0.950 ± 0.020 ([page]" in confirm  # no difference stored: none shown
+
+
+def test_an_equal_or_better_part_shows_the_paired_difference_it_is_read_on(tmp_path, monkeypatch):
+    """The README cell of a non-inferiority part shows the paired difference, so its verdict can be checked there."""
+    front_page = _front_page()
+    claim = {"paper": "EEPO", "verdict": "inconclusive", "parts": {"greedy accuracy equal or better": "inconclusive"},
+             "numbers": {"greedy": [[0.903, 0.038], [0.903, 0.073]]}, "differences": {"greedy": [0.0, 0.061]}}
+    (tmp_path / "results" / "replication").mkdir(parents=True)
+    (tmp_path / "results" / "replication" / "replication.json").write_text(
+        json.dumps({"settings": {"seeds": [0, 1, 2, 3, 4]}, "claims": [claim]}))
+    monkeypatch.setattr(front_page, "ROOT", tmp_path)
+    cell, _ = front_page.claim_cell("replication", "EEPO")
+    assert "greedy 0.903 ± 0.038 vs 0.903 ± 0.073, paired difference 0.000 ± 0.061 (" in cell
     dph_row = next(r for r in front_page.ROWS if r[0] == "DPH-RL")
     assert dph_row[3] == ("replication_narrow_confirm", "replication_narrow")

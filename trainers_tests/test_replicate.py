@@ -266,6 +266,32 @@ def test_committed_pages_print_the_verdicts_of_their_own_numbers(folder):
                 assert replicate.apart_verdict((a, ha), (b, 0.0 if math.isnan(hb) else hb), relation) == verdict, cell
 
 
+def test_every_number_table_shows_apart_intervals_apart():
+    """The table of every number picks its decimals per column: held-out entropy 0.0725 +- 0.0032 vs 0.0646 +- 0.0043
+    needs 4 (at 3 the two intervals touch at 0.069); columns where 3 decimals keep every pair as it is stay at 3."""
+    assert replicate.column_digits([(0.0725, 0.0032), (0.0646, 0.0043), (0.085, 0.0)]) == 4
+    assert replicate.column_digits([(0.70, 0.10), (0.65, 0.10), (0.2, float("nan"))]) == 3
+    assert replicate.column_digits([(0.5004, 0.0), (0.4996, 0.0)]) == 4  # 0.500 vs 0.500 would read as equal
+
+
+@pytest.mark.parametrize("folder", sorted(p.parent.name for p in (ROOT / "results").glob("replication*/replication.json")
+                                          if "per_seed" in json.loads(p.read_text())))
+def test_committed_tables_of_every_number_keep_apart_intervals_apart(folder):
+    """Each committed page's table of every number prints each column with the decimals column_digits gives its
+    own per-seed numbers."""
+    path = ROOT / "results" / folder / "replication.json"
+    data = json.loads(path.read_text())
+    stats = replicate.summarize(replicate.with_seeds(data["per_seed"], data["settings"]["seeds"]))
+    page = (path.parent / "README.md").read_text()
+    table = page.split("## Every number")[1].split("\n\n")[1].splitlines()
+    cols = [c.strip() for c in table[0].strip("|").split("|")][1:]
+    for row, s in zip(table[2:], stats.values(), strict=True):
+        cells = [c.strip() for c in row.strip("|").split("|")][1:]
+        for col, cell in zip(cols, cells, strict=True):
+            digits = replicate.column_digits([t[col] for t in stats.values()])
+            assert cell == replicate.fmt(s[col], digits), (folder, col, cell)
+
+
 def test_numbers_are_printed_with_the_decimals_their_verdict_needs():
     """Held-out entropy 0.0725 +- 0.0032 vs 0.0646 +- 0.0043 (results/replication_narrow_eepo/): apart by 0.0004, which
     three decimals (0.072 +- 0.003 vs 0.065 +- 0.004) would print as touching."""
