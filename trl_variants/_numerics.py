@@ -255,24 +255,34 @@ class FiniteTrainingMixin:
         return completion_ids, logprobs
 
 
-def _holders(model):
-    """Every parameter (with its data and gradient data) and buffer of ``model``, to put back after a cast."""
-    params = [(p, p.data, None if p.grad is None else p.grad.data) for p in model.parameters()]
-    buffers = [(module, name, buf) for module in model.modules() for name, buf in module.named_buffers(recurse=False)]
-    return params, buffers
+def _stand_ins(model) -> list:
+    """Put a stand-in parameter in place of every parameter of ``model``: a new ``nn.Parameter`` over the same data
+    (no copy), one per original (tied weights share theirs). A cast of the model then changes the stand-ins only.
+    Returns ``(module, name, original)`` for each place, to put the originals back."""
+    stand_ins, places = {}, []
+    for module in model.modules():
+        for name, p in list(module.named_parameters(recurse=False, remove_duplicate=False)):
+            if id(p) not in stand_ins:
+                stand_ins[id(p)] = torch.nn.Parameter(p.data, requires_grad=p.requires_grad)
+            places.append((module, name, p))
+            setattr(module, name, stand_ins[id(p)])
+    return places
 
 
 @contextmanager
 def weights_kept_in_place(trainer):
-    """The continuous-batching rollout, without losing the float32 weights or the run. TRL 1.16 casts the policy in
-    place before ``generate_batch`` (``unwrapped_model.to(torch.bfloat16)`` when ``bf16``, then the head back to
-    float32 with ``cast_lm_head_to_fp32``) and never back: the float32 weights the optimizer updates would be rounded
-    to bf16 at every rollout, so updates below bf16's resolution vanish, as with no master copy at all. And under
-    Accelerate's mixed precision (``bf16``/``fp16``, or ``mixed_precision`` from ``accelerate launch``) every request
-    would fail (:func:`~trl_variants.generation.own_forward`). So for the rollout the model runs its own forward,
-    TRL's cast happens (generation in bf16/fp16, as TRL intends; float32 and bf16 copies of the weights are both held
-    meanwhile), and afterwards every parameter, gradient and buffer gets back the tensor it held before, bit for bit,
-    and the model its train/eval mode. (DeepSpeed holds the weights in its own way: left to TRL; FSDP with mixed
+    """The continuous-batching rollout, without losing the float32 weights, their gradient synchronisation or the run.
+    TRL 1.16 casts the policy in place before ``generate_batch`` (``unwrapped_model.to(torch.bfloat16)`` when
+    ``bf16``, then the head back to float32 with ``cast_lm_head_to_fp32``) and never back: the float32 weights the
+    optimizer updates would be rounded to bf16 at every rollout, so updates below bf16's resolution vanish, as with
+    no master copy at all. A cast of a parameter's ``.data`` to another dtype also drops its gradient accumulator,
+    and with it the hooks DDP put there to all-reduce its gradient: every process would then train its own replica,
+    silently. And under Accelerate's mixed precision (``bf16``/``fp16``, or ``mixed_precision`` from
+    ``accelerate launch``) every request would fail (:func:`~trl_variants.generation.own_forward`). So for the
+    rollout the model runs its own forward and holds stand-in parameters over the same data (:func:`_stand_ins`):
+    TRL's cast casts those (generation in bf16/fp16, as TRL intends; float32 and bf16 copies of the weights are both
+    held meanwhile), and afterwards the original parameters, never touched, are back in place, as are the buffers
+    and the model's train/eval mode. (DeepSpeed holds the weights in its own way: left to TRL; FSDP with mixed
     precision is refused by the configs.)"""
     if not trainer.use_transformers_continuous_batching or trainer.is_deepspeed_enabled or trainer.is_fsdp_enabled:
         yield
@@ -280,16 +290,15 @@ def weights_kept_in_place(trainer):
     from .generation import own_forward
 
     model = trainer.accelerator.unwrap_model(trainer.model)
-    params, buffers = _holders(model)
+    buffers = [(module, name, buf) for module in model.modules() for name, buf in module.named_buffers(recurse=False)]
     was_training = model.training
+    places = _stand_ins(model)
     try:
         with own_forward(model):
             yield
     finally:
-        for p, data, grad in params:  # every one: a head cast back to float32 holds bf16-rounded values
-            p.data = data
-            if grad is not None:
-                p.grad.data = grad
+        for module, name, original in places:
+            setattr(module, name, original)
         for module, name, buf in buffers:
             if getattr(module, name) is not buf:
                 setattr(module, name, buf)

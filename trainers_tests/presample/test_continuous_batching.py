@@ -323,6 +323,31 @@ def test_continuous_batching_rollout_puts_back_the_weights_bit_for_bit(fails):
     assert all(torch.equal(b, buffers[n]) and b.dtype == buffers[n].dtype for n, b in model.named_buffers())
 
 
+def test_continuous_batching_rollout_keeps_each_gradient_accumulator():
+    """A cast of a parameter's data to another dtype and back drops its gradient accumulator, where DDP hooks the
+    all-reduce of that gradient: after a bf16 rollout each process would train its own replica, silently
+    (trainers_tests/distributed/test_continuous_batching.py runs that on two ranks). The rollout's casts leave every
+    parameter's accumulator, and a hook on it, in place: the next backward runs each hook once."""
+    from transformers import AutoModelForCausalLM
+
+    from trl_variants._numerics import weights_kept_in_place
+    from trl_variants.default import DEFAULT_MODEL_PATH
+
+    model = _autocast_wrapped(AutoModelForCausalLM.from_pretrained(DEFAULT_MODEL_PATH, dtype=torch.float32))
+    params = list(model.parameters())
+    fired = []
+    accumulators = [p.view_as(p).grad_fn.next_functions[0][0] for p in params]  # as DDP's reducer finds them
+    for i, acc in enumerate(accumulators):
+        acc.register_hook(lambda grad_in, grad_out, i=i: fired.append(i))
+    trainer = SimpleNamespace(use_transformers_continuous_batching=True, is_deepspeed_enabled=False,
+                              is_fsdp_enabled=False, model=model, accelerator=SimpleNamespace(unwrap_model=lambda m: m))
+    with weights_kept_in_place(trainer):
+        model.to(torch.bfloat16)  # TRL's casts before generate_batch
+        model.get_output_embeddings().to(torch.float32)
+    sum(p.float().sum() for p in model.parameters()).backward()
+    assert sorted(fired) == list(range(len(params)))
+
+
 def test_generate_batch_runs_on_a_model_prepared_for_bf16(tiny_tokenizer):
     """The offline pass and evaluation during training generate from the trainer's model, which Accelerate's bf16
     wraps in autocast: continuous batching runs it with the model's own forward (the weights' dtype throughout),
