@@ -285,9 +285,9 @@ def _autocast_wrapped(model):
 @pytest.mark.parametrize("fails", [False, True])
 def test_continuous_batching_rollout_puts_back_the_weights_bit_for_bit(fails):
     """The rollout's casts (``model.to(torch.bfloat16)``, then the head back to float32, as TRL's with
-    ``cast_lm_head_to_fp32``) are undone on exit, also when the rollout raises: every parameter, gradient and buffer
-    holds its float32 tensor again, the same storage, bit for bit; the forward is the wrapped one again and the model
-    is back in its mode."""
+    ``cast_lm_head_to_fp32``) reach stand-in parameters only, also when the rollout raises: on exit every parameter,
+    gradient and buffer holds its float32 tensor again, the same storage, bit for bit; the forward is the wrapped one
+    again and the model is back in its mode."""
     from transformers import AutoModelForCausalLM
 
     from trl_variants._numerics import weights_kept_in_place
