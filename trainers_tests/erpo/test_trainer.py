@@ -122,6 +122,24 @@ def test_config_validation():
                     args=GRPOConfig(output_dir="x", use_cpu=True, bf16=False))
 
 
+@pytest.mark.parametrize("options,says", [
+    (dict(query_kl_coef=0.0, query_kl_estimator="k1"), "query_kl_estimator='k1' does nothing with query_kl_coef=0"),
+    (dict(use_query_weights=False, query_weight_source="reference"),
+     "query_weight_source='reference' does nothing with use_query_weights=False"),
+    (dict(query_weight_max=3.0), "query_weight_max=3.0 clips only the reference-derived weights"),
+    (dict(use_query_weights=False, query_weight_source="reference", query_weight_max=3.0),
+     "query_weight_source='reference' does nothing.*; query_weight_max=3.0 clips only"),
+])
+def test_an_option_that_would_change_nothing_is_refused_naming_it(options, says):
+    """An ERPO option set where its part is off would be ignored without a word: refused, naming both fields."""
+    with pytest.raises(ValueError, match=says):
+        ERPOConfig(output_dir="x", use_cpu=True, bf16=False, **options)
+    # the same options where they act are accepted
+    ERPOConfig(output_dir="x", use_cpu=True, bf16=False, query_kl_coef=0.0)  # paper ablation "GRPO + w(s)"
+    ERPOConfig(output_dir="x", use_cpu=True, bf16=False, query_kl_estimator="k1")
+    ERPOConfig(output_dir="x", use_cpu=True, bf16=False, query_weight_source="reference", query_weight_max=3.0)
+
+
 def _weights(path):
     return load_file(f"{path}/model.safetensors")
 

@@ -84,3 +84,16 @@ class ERPOConfig(DynamicSamplingConfig):
             raise ValueError(f"query_weight_max must be > 0, got {self.query_weight_max}")
         if self.reference_batch_size < 1:
             raise ValueError(f"reference_batch_size must be >= 1, got {self.reference_batch_size}")
+        # an option that changes nothing in this configuration is refused rather than ignored (set to a non-default)
+        unused = []
+        if self.query_kl_coef == 0 and self.query_kl_estimator != "k3":
+            unused.append(f"query_kl_estimator={self.query_kl_estimator!r} does nothing with query_kl_coef=0 (Query-KL "
+                          "off): set query_kl_coef > 0 or drop query_kl_estimator")
+        if not self.use_query_weights and self.query_weight_source != "policy":
+            unused.append(f"query_weight_source={self.query_weight_source!r} does nothing with use_query_weights="
+                          "False: set use_query_weights=True or drop query_weight_source")
+        if self.query_weight_max != 2.0 and not (self.use_query_weights and self.query_weight_source == "reference"):
+            unused.append(f"query_weight_max={self.query_weight_max} clips only the reference-derived weights: set "
+                          "query_weight_source='reference' (with use_query_weights=True) or drop query_weight_max")
+        if unused:
+            raise ValueError(f"{type(self).__name__}: " + "; ".join(unused))
