@@ -142,6 +142,8 @@ def test_a_confirmatory_round_is_shown_first_once_it_has_run(tmp_path, monkeypat
     exploratory, _ = front_page.claim_cell("replication_narrow", "DPH-RL")
     assert confirm.startswith("confirmatory, seeds 5-14: **holds**") and exploratory.startswith("**holds**")
     assert "pass@64 0.970 ± 0.010 vs 0.950 ± 0.020 ([page]" in confirm  # no difference stored: none shown
+    dph_row = next(r for r in front_page.ROWS if r[0] == "DPH-RL")
+    assert dph_row[3] == ("replication_narrow_confirm", "replication_narrow")
 
 
 def test_an_equal_or_better_part_shows_the_paired_difference_it_is_read_on(tmp_path, monkeypatch):
@@ -155,5 +157,3 @@ def test_an_equal_or_better_part_shows_the_paired_difference_it_is_read_on(tmp_p
     monkeypatch.setattr(front_page, "ROOT", tmp_path)
     cell, _ = front_page.claim_cell("replication", "EEPO")
     assert "greedy 0.903 ± 0.038 vs 0.903 ± 0.073, paired difference 0.000 ± 0.061 (" in cell
-    dph_row = next(r for r in front_page.ROWS if r[0] == "DPH-RL")
-    assert dph_row[3] == ("replication_narrow_confirm", "replication_narrow")

@@ -249,7 +249,9 @@ def check_checkpoint_record(checkpoint: str, trainer_name: str, args) -> dict:
         raise ValueError(f"checkpoint {checkpoint} was written by {record['trainer']}; resume it with "
                          f"{record['trainer']}, or start a new run without resume_from_checkpoint")
     mine, theirs = resume_fields(args), record.get("config", {})
-    changed = [name for name in mine if name in theirs and mine[name] != theirs[name]]
+    inert = getattr(type(args), "inert_fields", None)  # fields that change nothing in both runs are not compared
+    skip = inert(mine) & inert(theirs) if inert else set()
+    changed = [name for name in mine if name in theirs and name not in skip and mine[name] != theirs[name]]
     if changed:
         lines = "; ".join(f"{name}: checkpoint {theirs[name]!r}, this run {mine[name]!r}" for name in changed)
         raise ValueError(

@@ -255,18 +255,22 @@ class FiniteTrainingMixin:
         return completion_ids, logprobs
 
 
-def _stand_ins(model) -> list:
-    """Put a stand-in parameter in place of every parameter of ``model``: a new ``nn.Parameter`` over the same data
-    (no copy), one per original (tied weights share theirs). A cast of the model then changes the stand-ins only.
-    Returns ``(module, name, original)`` for each place, to put the originals back."""
-    stand_ins, places = {}, []
+def _stand_ins(model, places: list) -> None:
+    """Put a stand-in parameter in place of every plain floating-point parameter of ``model``: a new ``nn.Parameter``
+    over the same data (no copy), one per original (tied weights share theirs). A cast of the model then changes the
+    stand-ins only. Appends ``(module, name, original)`` to ``places`` as it goes, so that what was swapped can be
+    put back even if this stops halfway. Parameter subclasses (quantized weights, e.g. bitsandbytes', whose
+    attributes a plain stand-in would not carry) keep their place and meet TRL's cast as without this; they are
+    frozen under PEFT, so no gradient hook of theirs is at stake."""
+    stand_ins = {}
     for module in model.modules():
         for name, p in list(module.named_parameters(recurse=False, remove_duplicate=False)):
+            if type(p) is not torch.nn.Parameter or not p.is_floating_point():
+                continue
             if id(p) not in stand_ins:
                 stand_ins[id(p)] = torch.nn.Parameter(p.data, requires_grad=p.requires_grad)
-            places.append((module, name, p))
             setattr(module, name, stand_ins[id(p)])
-    return places
+            places.append((module, name, p))
 
 
 @contextmanager
@@ -292,8 +296,9 @@ def weights_kept_in_place(trainer):
     model = trainer.accelerator.unwrap_model(trainer.model)
     buffers = [(module, name, buf) for module in model.modules() for name, buf in module.named_buffers(recurse=False)]
     was_training = model.training
-    places = _stand_ins(model)
+    places = []
     try:
+        _stand_ins(model, places)
         with own_forward(model):
             yield
     finally:

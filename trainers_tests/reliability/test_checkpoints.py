@@ -199,6 +199,30 @@ def test_changed_config_is_refused_naming_field_values_and_fix(tmp_path, checkpo
 
 
 @pytest.mark.slow
+def test_a_field_that_changes_nothing_in_both_runs_is_not_compared(tmp_path, checkpoints):
+    """A checkpoint written with Query-KL off and ``query_kl_estimator='k1'`` (accepted before ERPOConfig refused an
+    option that changes nothing) resumes with Query-KL off and the estimator dropped; where the estimator acts in
+    the checkpoint, the difference is refused by name."""
+    from trl_variants import ERPOConfig
+    from trl_variants._checkpoint import check_checkpoint_record
+
+    copy = tmp_path / "checkpoint-1"
+    shutil.copytree(checkpoints["erpo"], copy)
+    state_file = copy / "trainer_state.json"
+    state = json.loads(state_file.read_text())
+    config = state["stateful_callbacks"][RECORD]["config"]
+    config.update(query_kl_coef=0.0, query_kl_estimator="k1")
+    state_file.write_text(json.dumps(state))
+    args = small_config(ERPOConfig, tmp_path, **dict(SAVE, output_dir=str(tmp_path), max_steps=1, query_kl_coef=0.0))
+    check_checkpoint_record(str(copy), "ERPOTrainer", args)  # the estimator is inert in both: not compared
+    config.update(query_kl_coef=0.01)
+    state_file.write_text(json.dumps(state))
+    with pytest.raises(ValueError, match=r"query_kl_coef: checkpoint 0\.01, this run 0\.0; query_kl_estimator: "
+                                         r"checkpoint 'k1', this run 'k3'"):
+        check_checkpoint_record(str(copy), "ERPOTrainer", args)
+
+
+@pytest.mark.slow
 def test_checkpoint_without_record_is_refused_naming_the_file(tmp_path, checkpoints):
     # plain GRPOTrainer
     with pytest.raises(ValueError, match=r"checkpoint-1/trainer_state\.json has no trl_variants record.*not "

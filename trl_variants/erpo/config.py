@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from .._validation import check_common
 from ..dapo.config import DynamicSamplingConfig
 
+_INERT_DEFAULTS = {"query_kl_estimator": "k3", "query_weight_source": "policy", "query_weight_max": 2.0}
+
 
 @dataclass
 class ERPOConfig(DynamicSamplingConfig):
@@ -85,15 +87,28 @@ class ERPOConfig(DynamicSamplingConfig):
         if self.reference_batch_size < 1:
             raise ValueError(f"reference_batch_size must be >= 1, got {self.reference_batch_size}")
         # an option that changes nothing in this configuration is refused rather than ignored (set to a non-default)
-        unused = []
-        if self.query_kl_coef == 0 and self.query_kl_estimator != "k3":
-            unused.append(f"query_kl_estimator={self.query_kl_estimator!r} does nothing with query_kl_coef=0 (Query-KL "
-                          "off): set query_kl_coef > 0 or drop query_kl_estimator")
-        if not self.use_query_weights and self.query_weight_source != "policy":
-            unused.append(f"query_weight_source={self.query_weight_source!r} does nothing with use_query_weights="
-                          "False: set use_query_weights=True or drop query_weight_source")
-        if self.query_weight_max != 2.0 and not (self.use_query_weights and self.query_weight_source == "reference"):
-            unused.append(f"query_weight_max={self.query_weight_max} clips only the reference-derived weights: set "
-                          "query_weight_source='reference' (with use_query_weights=True) or drop query_weight_max")
+        why = {"query_kl_estimator": "does nothing with query_kl_coef=0 (Query-KL off): set query_kl_coef > 0 or drop "
+                                     "query_kl_estimator",
+               "query_weight_source": "does nothing with use_query_weights=False: set use_query_weights=True or drop "
+                                      "query_weight_source",
+               "query_weight_max": "clips only the reference-derived weights: set query_weight_source='reference' "
+                                   "(with use_query_weights=True) or drop query_weight_max"}
+        inert = self.inert_fields(vars(self))
+        unused = [f"{name}={getattr(self, name)!r} {why[name]}" for name in why
+                  if name in inert and getattr(self, name) != _INERT_DEFAULTS[name]]
         if unused:
             raise ValueError(f"{type(self).__name__}: " + "; ".join(unused))
+
+    @staticmethod
+    def inert_fields(values) -> set[str]:
+        """ERPO's fields that change nothing given the others (``values``: field values, e.g. a checkpoint's record).
+        Set to a non-default they are refused (above); a resume does not compare a field inert in both runs."""
+        weights = values.get("use_query_weights", True)
+        inert = set()
+        if values.get("query_kl_coef", 0.01) == 0:
+            inert.add("query_kl_estimator")
+        if not weights:
+            inert.add("query_weight_source")
+        if not (weights and values.get("query_weight_source", "policy") == "reference"):
+            inert.add("query_weight_max")
+        return inert
