@@ -17,11 +17,13 @@
 # Options: --out DIR (results go to DIR/results/gpu and runs to DIR/work; default: $OUT when set, else the
 # repository), --budget SECONDS, --python PY (default python3), --only NAME[,NAME...] (those steps alone, e.g.
 # bench_hf_generate), --reps N (the benchmarks' repetitions, default 1; their time boxes grow with it), --variants
-# "V1 V2 ..." (the benchmarks' variants of bench_trainers.py, default all six below).
+# "V1 V2 ..." (the benchmarks' variants of bench_trainers.py, default all six below), --batch N (the benchmarks'
+# completions per step, default 64; another N writes results/gpu/bench_*_bN.md beside the 64-row files, e.g. to
+# look for the batch where continuous batching becomes throughput-bound).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-DRY=0; WHEELS=""; FETCH=""; BUDGET=480; PY=python3; BASE=${OUT:-}; ONLY=""; REPS=1; VARIANTS=""
+DRY=0; WHEELS=""; FETCH=""; BUDGET=480; PY=python3; BASE=${OUT:-}; ONLY=""; REPS=1; VARIANTS=""; BATCH=64
 while [ $# -gt 0 ]; do
     case "$1" in
         --dry-run) DRY=1 ;;
@@ -33,7 +35,8 @@ while [ $# -gt 0 ]; do
         --only) ONLY=$2; shift ;;
         --reps) REPS=$2; shift ;;
         --variants) VARIANTS=$2; shift ;;
-        -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+        --batch) BATCH=$2; shift ;;
+        -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
         *) echo "gpu_check: unknown option $1 (see --help)" >&2; exit 2 ;;
     esac
     shift
@@ -58,7 +61,9 @@ RESULTS=${BASE:+$BASE/}results/gpu
 WORK=${BASE:+$BASE/}work/gpu_check
 TRAIN="$PY -m trl_variants train"
 SMOKE_FLAGS="--use_cpu false --bf16 true --max_steps 4 --heldout_eval_steps 0 --embedded_train_size 256 --save_strategy no --report_to none --logging_steps 1"
-BENCH="$PY benchmarks/bench_trainers.py --gpu --model qwen0.5b_shape --batch 64 --G 8 --max_completion_length 128 --steps 2 --warmup 1 --reps $REPS --threads 8"
+case $BATCH in ''|*[!0-9]*) echo "gpu_check: --batch takes a number of completions, got '$BATCH'" >&2; exit 2 ;; esac
+TAG=$([ "$BATCH" -eq 64 ] || echo "_b$BATCH")  # results of another batch go beside the 64-row ones
+BENCH="$PY benchmarks/bench_trainers.py --gpu --model qwen0.5b_shape --batch $BATCH --G 8 --max_completion_length 128 --steps 2 --warmup 1 --reps $REPS --threads 8"
 # the variants of each target side by side, the first targets' first (a run cut by its time box keeps what finished)
 BENCH_VARIANTS=${VARIANTS:-"grpo_beta0 grpo_two_generates eepo grpo_g2_half apo grpo_g2"}
 
@@ -71,8 +76,8 @@ STEPS+=("main_job|300|$TRAIN erpo --use_cpu false --bf16 true --save_strategy no
 STEPS+=("evaluate|90|$PY -m trl_variants evaluate --models $WORK/main --max_prompts 200 --k 4 --temperatures 1.0 --output_dir $WORK/eval")
 # HF generate first: about 30-45 s a variant on an H100 (results/gpu/README.md), so the every-device targets fit;
 # transformers' continuous batching took longer there (over 90 s a variant) and gets what is left
-STEPS+=("bench_hf_generate|$((200 * REPS))|$BENCH --variants $BENCH_VARIANTS --out $RESULTS/bench_hf_generate")
-STEPS+=("bench_continuous_batching|$((180 * REPS))|$BENCH --continuous_batching --variants $BENCH_VARIANTS --out $RESULTS/bench_continuous_batching")
+STEPS+=("bench_hf_generate|$((200 * REPS))|$BENCH --variants $BENCH_VARIANTS --out $RESULTS/bench_hf_generate$TAG")
+STEPS+=("bench_continuous_batching|$((180 * REPS))|$BENCH --continuous_batching --variants $BENCH_VARIANTS --out $RESULTS/bench_continuous_batching$TAG")
 
 if [ -n "$ONLY" ]; then
     KEPT=()
@@ -170,11 +175,11 @@ cat "$WORK"/logs/*.failure > "$RESULTS/gpu_check_failures.md" 2>/dev/null || rm 
     grep -iE "device|greedy|avg@|pass@|length limit|warning" "$WORK/logs/evaluate.log" 2>/dev/null | head -20 || true
     echo '```'
     for b in bench_hf_generate bench_continuous_batching; do
-        if [ -f "$RESULTS/$b.md" ]; then
+        if [ -f "$RESULTS/$b$TAG.md" ]; then
             echo
-            echo "## $b"
+            echo "## $b$TAG"
             echo
-            cat "$RESULTS/$b.md"
+            cat "$RESULTS/$b$TAG.md"
         elif grep -q "^rep " "$WORK/logs/$b.log" 2>/dev/null; then
             echo
             echo "## $b (cut short: the variants that finished)"

@@ -99,3 +99,16 @@ def test_only_and_reps_pick_steps_for_a_benchmark_session():
     proc = subprocess.run(["bash", str(SCRIPT), "--dry-run", "--only", "bench_hf"], capture_output=True, text=True,
                           cwd=ROOT)
     assert proc.returncode == 2 and "names no step" in proc.stderr and "bench_hf_generate" in proc.stderr
+
+
+def test_batch_runs_the_benchmarks_at_another_size_beside_the_64_row_results():
+    """`--batch 256`: the benchmarks generate 256 completions a step and write bench_*_b256 beside the 64-row files
+    (the default writes the plain names); a batch that is no number is refused."""
+    steps = dict((name, cmd) for name, _, cmd in _dry_run("--only", "bench_continuous_batching", "--batch", "256"))
+    cmd = steps["bench_continuous_batching"]
+    assert "--batch 256 " in cmd and "--batch 64" not in cmd
+    assert cmd.endswith("--out results/gpu/bench_continuous_batching_b256")
+    assert dict((n, c) for n, _, c in _dry_run())["bench_hf_generate"].endswith("--out results/gpu/bench_hf_generate")
+    proc = subprocess.run(["bash", str(SCRIPT), "--dry-run", "--batch", "lots"], capture_output=True, text=True,
+                          cwd=ROOT)
+    assert proc.returncode == 2 and "--batch takes a number" in proc.stderr
