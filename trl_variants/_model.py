@@ -8,6 +8,9 @@ model object use :func:`frozen_copy_of_policy` instead.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
+import torch
 from trl.trainer.utils import add_fused_lm_head
 
 
@@ -40,6 +43,29 @@ def full_parameters(trainer, params=None):
 
     params = list(trainer.model.parameters()) if params is None else list(params)
     return deepspeed.zero.GatheredParameters(params, modifier_rank=None)
+
+
+@contextmanager
+def on_accelerator_device(trainer, model=None):
+    """``model`` (default: the trainer's) on ``trainer.accelerator.device`` for an offline pass run in ``__init__``.
+    Under DeepSpeed (ZeRO-1/2) and FSDP, transformers' Trainer leaves the model where it was loaded (the CPU) until
+    ``prepare`` puts it on the GPU, while the passes give it tensors on the accelerator's device: the model goes
+    there for the pass and back afterwards (before ``prepare`` nothing is hooked to its parameters). ZeRO-3's
+    partitioned parameters, a model already there and one with no parameters are left as they are."""
+    model = trainer.model if model is None else model
+    plugin = getattr(trainer.accelerator.state, "deepspeed_plugin", None)
+    zero3 = trainer.is_deepspeed_enabled and plugin is not None and plugin.zero_stage == 3
+    first = next(iter(model.parameters()), None)
+    target = torch.device(trainer.accelerator.device)
+    if zero3 or first is None or first.device == target or first.device.type == "meta":
+        yield
+        return
+    where = first.device
+    model.to(target)
+    try:
+        yield
+    finally:
+        model.to(where)
 
 
 def frozen_copy_of_policy(trainer):

@@ -9,7 +9,7 @@ from contextlib import contextmanager
 
 import torch
 
-from ._model import full_parameters, params_sharded
+from ._model import full_parameters, on_accelerator_device, params_sharded
 from .presample import check_presample_options, presample
 from .presample.random_state import preserved_random_state
 from .presample.stored import check_stored_columns
@@ -202,7 +202,7 @@ def trainer_presample(trainer, dataset, config, *, model=None, tokenize_fn=None,
     was_training = model.training
     model.eval()
     try:
-        with full_parameters(trainer):
+        with full_parameters(trainer), on_accelerator_device(trainer, model):
             return presample(model, trainer.processing_class, dataset, reward_funcs, config,
                              reward_weights=trainer.reward_weights.tolist(), accelerator=trainer.accelerator,
                              token_logps_fn=scorer,

@@ -163,3 +163,32 @@ def test_two_processes_share_the_chunks_and_resume_a_one_process_file(tmp_path):
     assert (tmp_path / "two" / "chunks" / f"{name}.jsonl").read_text() == one  # each chunk once, in order
     results = [json.loads((tmp_path / d / "results.json").read_text()) for d in ("one", "two")]
     assert results[0] == results[1]
+
+
+def test_a_results_file_seen_by_some_processes_only_is_read_from_the_writer(data, uninterrupted, tmp_path):
+    """A results file on a disk local to each node: the writer (process 0) sees the chunks an interrupted run left,
+    another process sees none. Each had planned its own rounds of chunks, so their collectives no longer matched and
+    the run hung; the writer's records now decide for all, and the run ends with the uninterrupted numbers."""
+    from ..helpers import run_two_ranks
+
+    full, path = uninterrupted
+    (tmp_path / "r0.jsonl").write_text("".join(path.read_text().splitlines(keepends=True)[:3]))
+    script = tmp_path / "run.py"
+    script.write_text(f"""
+import json, torch
+torch.set_num_threads(1)
+from accelerate import PartialState
+from trl_variants import accuracy_reward
+from trl_variants.default import DEFAULT_MODEL_PATH, load_default_dataset
+from trl_variants.evaluate import EvalConfig, evaluate
+state = PartialState(cpu=True)
+data = load_default_dataset(n_train=0, n_test=10)["test"]
+res = evaluate(DEFAULT_MODEL_PATH, None, data, accuracy_reward, EvalConfig(**{CONFIG!r}), name="m",
+               accelerator=state, results_file={str(tmp_path)!r} + f"/r{{state.process_index}}.jsonl")
+json.dump(res, open({str(tmp_path)!r} + f"/res{{state.process_index}}.json", "w"), default=str)
+print("OK")
+""")
+    run_two_ranks(script, 29543, timeout=180)
+    expected = json.loads(json.dumps(full, default=str))
+    for rank in (0, 1):
+        assert json.loads((tmp_path / f"res{rank}.json").read_text()) == expected

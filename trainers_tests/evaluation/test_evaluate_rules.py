@@ -380,3 +380,28 @@ def test_an_in_training_evaluation_generates_as_the_trainer_does():
     continuous = callback_config(trainer(continuous=True), EvalConfig(k=2))
     assert continuous.use_transformers_continuous_batching
     assert continuous.transformers_continuous_batching_config == {"max_memory_percent": 0.5}  # as TRL sizes it
+
+
+@pytest.mark.parametrize("backend", ["hf", "vllm"])
+@pytest.mark.parametrize("sharding", ["zero3", "fsdp"])
+def test_evaluation_during_training_is_refused_where_the_weights_are_sharded(sharding, backend):
+    """Under ZeRO-3 / FSDP each process would sample its own prompts for its own number of decoding steps, with
+    weight gathers that no longer match across processes (a hang): both callbacks refuse at construction, naming
+    the ways out. ZeRO-2 is accepted."""
+    from types import SimpleNamespace
+
+    from trl_variants.evaluation.callbacks import HeldOutCallback, PassAtKCallback
+
+    def trainer(stage):
+        return SimpleNamespace(
+            is_fsdp_enabled=sharding == "fsdp" and stage == 3, is_deepspeed_enabled=sharding == "zero3", use_vllm=True,
+            accelerator=SimpleNamespace(state=SimpleNamespace(deepspeed_plugin=SimpleNamespace(zero_stage=stage))),
+            args=SimpleNamespace(disable_tqdm=True, temperature=1.0, top_p=1.0, max_completion_length=8, seed=0))
+
+    with pytest.raises(ValueError, match=r"cannot run under DeepSpeed ZeRO-3 or FSDP.*trl-variants evaluate.*"
+                                         r"--heldout_eval_steps 0"):
+        HeldOutCallback(trainer(3), [], k=2, plot=False, backend=backend)
+    with pytest.raises(ValueError, match="cannot run under DeepSpeed ZeRO-3 or FSDP"):
+        PassAtKCallback(trainer(3), [], EvalConfig(k=2, backend=backend))
+    if sharding == "zero3" and backend == "vllm":  # ZeRO-2 (full weights on every process) is accepted
+        assert HeldOutCallback(trainer(2), [], k=2, plot=False, backend=backend).config.backend == "vllm"

@@ -161,6 +161,38 @@ print("OK")
         assert load_from_disk(str(tmp_path / f"rank{rank}")).to_dict() == single.to_dict()
 
 
+def test_a_cache_hit_on_some_processes_only_is_taken_by_none(tmp_path):
+    """A cache local to each node (``TRL_VARIANTS_CACHE`` on node-local scratch) can hold the finished pass on one
+    process and not on another: the process that found it returned while the other went on to the pass's
+    collectives, and the run hung. Every process now recomputes (each from its own cached shards), and all return
+    the pass's rows."""
+    script = tmp_path / "run.py"
+    script.write_text(f"""
+import shutil, torch
+from pathlib import Path
+torch.set_num_threads(1)
+from accelerate import PartialState
+from trl_variants.default import DEFAULT_MODEL_PATH, load_default_dataset
+from trl_variants.presample import PresampleConfig, presample
+from trl_variants.rewards import accuracy_reward
+state = PartialState(cpu=True)
+rank = state.process_index
+cache = Path({str(tmp_path)!r}) / f"cache{{rank}}"  # one cache per process, as on node-local disks
+ds = load_default_dataset(n_train=8, n_test=1, seed=3)["train"]
+cfg = PresampleConfig(num_samples=2, max_completion_length=16, shard_size=4, cache_dir=str(cache), show_progress=False)
+first = presample(DEFAULT_MODEL_PATH, None, ds, accuracy_reward, cfg, accelerator=state)
+for final in cache.glob("*/dataset"):  # the finished pass stays in process 0's cache only
+    if rank == 1:
+        shutil.rmtree(final)
+state.wait_for_everyone()
+assert any(cache.glob("*/dataset/state.json")) == (rank == 0)
+again = presample(DEFAULT_MODEL_PATH, None, ds, accuracy_reward, cfg, accelerator=state)
+assert again.to_dict() == first.to_dict()
+print("OK")
+""")
+    run_two_ranks(script, 29519, timeout=180)
+
+
 def test_errors_before_any_generation(tmp_path, prompts, tiny_model, tiny_tokenizer):
     with pytest.raises(ValueError, match="'prompt' column"):
         presample(tiny_model, tiny_tokenizer, prompts.rename_column("prompt", "question"), accuracy_reward,

@@ -18,7 +18,7 @@ import torch
 
 from .. import losses
 from .._data import run_on_rows
-from .._model import full_parameters
+from .._model import full_parameters, on_accelerator_device
 from .._offline import stored_or_computed, trainer_prompt_ids
 from .._validation import check_finite_column
 from ..parts import Part, register_part
@@ -68,7 +68,7 @@ def _reference_pass(trainer, dataset):
             trainer.model, ids.to(device), mask.to(device), ids.size(1) - 1)
         return logps
 
-    with torch.no_grad(), full_parameters(trainer):
+    with torch.no_grad(), full_parameters(trainer), on_accelerator_device(trainer):
         return add_reference_prompt_logps(
             dataset, trainer.model, trainer.processing_class, column=trainer.args.ref_prompt_logp_column,
             temperature=trainer.temperature, batch_size=trainer.args.reference_batch_size,

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
+from .._model import params_sharded
 from ..presample.vllm_backend import trainer_generator, trainer_hf_generator
 from ..rewards import accuracy_reward
 from .config import BACKENDS, VLLM_EXTRA, EvalConfig
@@ -24,6 +25,14 @@ def callback_config(trainer, config: EvalConfig, backend: str = "hf") -> EvalCon
     needs ``use_vllm=True``."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if getattr(trainer, "is_fsdp_enabled", False) or (getattr(trainer, "is_deepspeed_enabled", False)
+                                                      and params_sharded(trainer)):
+        raise ValueError(
+            "held-out evaluation during training cannot run under DeepSpeed ZeRO-3 or FSDP: each process holds a shard "
+            "of the weights, and each samples its own prompts for its own number of decoding steps, so the "
+            "processes' weight gathers would not match and the run would hang. Evaluate the saved checkpoints with "
+            "`trl-variants evaluate` (it loads the whole model), or train with ZeRO-2 / DDP; on the command line "
+            "--heldout_eval_steps 0 turns the measurement off")
     if backend == "vllm" and not getattr(trainer, "use_vllm", False):
         raise ValueError("backend='vllm' evaluates with the trainer's own vLLM engine (its current weights pushed "
                          "into it), and this trainer has none: set use_vllm=True in its config (vllm_mode "

@@ -150,6 +150,10 @@ def evaluate(
             accelerator.wait_for_everyone()  # every process has read the file before the main one writes it
         store.start()
     records = dict(store.done) if store is not None else {}
+    if store is not None and world > 1:  # the writer's records decide: a file local to each node may differ elsewhere,
+        from accelerate.utils import broadcast_object_list  # and every process must run the same rounds below
+
+        records = broadcast_object_list([records], from_process=0)[0]
     todo = [u for u in units if (u[0], u[2]) not in records]
 
     def chunk_rows(c):

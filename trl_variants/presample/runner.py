@@ -271,17 +271,24 @@ def presample(
     root = Path(config.cache_dir) if config.cache_dir else default_cache_dir()
     run_dir = root / key
     final = run_dir / "dataset"
+    cached_ds = None
     if config.use_cache and not rescore and (final / "state.json").exists():
         from datasets import load_from_disk
 
-        logger.info("presample: cache hit %s", final)
         try:
             cached_ds = load_from_disk(str(final))
             cached_ds.data.validate()  # load_from_disk reads every record batch's header: a truncated file fails here
-            return cached_ds if shards is None else cached_ds.select(_shard_rows(shards, config, len(dataset)))
         except Exception as e:  # a truncated / corrupted arrow file: recompute it (the shards may still serve)
+            cached_ds = None
             warnings.warn(f"presample: the cached dataset {final} is damaged ({type(e).__name__}: {e}); recomputing "
                           "it; the cache entry is overwritten", stacklevel=2)
+    # all processes return the cached result or none: the pass below has collectives, and a cache local to each node
+    # may hold the result on some nodes only
+    if world > 1 and not all(gather_object([cached_ds is not None])):
+        cached_ds = None
+    if cached_ds is not None:
+        logger.info("presample: cache hit %s", final)
+        return cached_ds if shards is None else cached_ds.select(_shard_rows(shards, config, len(dataset)))
 
     n_shards = math.ceil(len(dataset) / config.shard_size)
     wanted = list(range(n_shards)) if shards is None else list(shards)
