@@ -22,10 +22,17 @@ def is_peft_model(model) -> bool:
     return isinstance(model, PeftModel)
 
 
+def _zero3(trainer) -> bool:
+    """Whether the trainer runs DeepSpeed ZeRO-3 (its parameters partitioned from the moment the model loads)."""
+    if not getattr(trainer, "is_deepspeed_enabled", False):
+        return False
+    plugin = getattr(trainer.accelerator.state, "deepspeed_plugin", None)
+    return plugin is not None and plugin.zero_stage == 3
+
+
 def params_sharded(trainer) -> bool:
     """Whether the trainer's parameters are partitioned over processes once prepared (DeepSpeed ZeRO-3 or FSDP)."""
-    plugin = getattr(trainer.accelerator.state, "deepspeed_plugin", None)
-    return trainer.is_fsdp_enabled or (trainer.is_deepspeed_enabled and plugin is not None and plugin.zero_stage == 3)
+    return getattr(trainer, "is_fsdp_enabled", False) or _zero3(trainer)
 
 
 def full_parameters(trainer, params=None):
@@ -36,8 +43,7 @@ def full_parameters(trainer, params=None):
     ``params``: gather only these (e.g. one at a time, to read a sample of each)."""
     from contextlib import nullcontext
 
-    plugin = getattr(trainer.accelerator.state, "deepspeed_plugin", None)
-    if not trainer.is_deepspeed_enabled or plugin is None or plugin.zero_stage != 3:
+    if not _zero3(trainer):
         return nullcontext()
     import deepspeed
 
@@ -53,11 +59,9 @@ def on_accelerator_device(trainer, model=None):
     there for the pass and back afterwards (before ``prepare`` nothing is hooked to its parameters). ZeRO-3's
     partitioned parameters, a model already there and one with no parameters are left as they are."""
     model = trainer.model if model is None else model
-    plugin = getattr(trainer.accelerator.state, "deepspeed_plugin", None)
-    zero3 = trainer.is_deepspeed_enabled and plugin is not None and plugin.zero_stage == 3
     first = next(iter(model.parameters()), None)
     target = torch.device(trainer.accelerator.device)
-    if zero3 or first is None or first.device == target or first.device.type == "meta":
+    if _zero3(trainer) or first is None or first.device == target or first.device.type == "meta":
         yield
         return
     where = first.device

@@ -25,8 +25,7 @@ def callback_config(trainer, config: EvalConfig, backend: str = "hf") -> EvalCon
     needs ``use_vllm=True``."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    if getattr(trainer, "is_fsdp_enabled", False) or (getattr(trainer, "is_deepspeed_enabled", False)
-                                                      and params_sharded(trainer)):
+    if params_sharded(trainer):
         raise ValueError(
             "held-out evaluation during training cannot run under DeepSpeed ZeRO-3 or FSDP: each process holds a shard "
             "of the weights, and each samples its own prompts for its own number of decoding steps, so the "
