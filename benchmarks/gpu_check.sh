@@ -4,7 +4,10 @@
 #   1. each method's command line for a few steps in bf16 (erpo, eepo, dph, apo, composed, grpo)
 #   2. the main job to its end: `trl-variants train erpo` (the tiny recipe, 100 steps) on the GPU in bf16
 #   3. `trl-variants evaluate` on the model it trained
-#   4. benchmarks/bench_trainers.py --gpu on a Qwen2.5-0.5B-shaped model (random weights), with HF generate, then
+#   4. DeepSpeed ZeRO-2 (configs/accelerate/zero2.yaml, one process, bf16 weights with fp32 master copies): erpo, dph
+#      and eepo for a few steps; EEPO's unlearning step edits the bf16 weights there, so the report sets its
+#      eepo/stage1_logp_change beside the fp32-weight smoke run's (skipped where deepspeed is not installed)
+#   5. benchmarks/bench_trainers.py --gpu on a Qwen2.5-0.5B-shaped model (random weights), with HF generate, then
 #      with transformers' continuous batching (the per-regime speed targets, results/gpu/bench_*.md)
 # Each step has its own time box, cut to what is left of the budget (the smoke runs go side by side); a step that
 # did not fit is written down as skipped. The slowest and least certain steps come last.
@@ -15,11 +18,11 @@
 #   bash benchmarks/gpu_check.sh --wheels DIR         # there: install DIR's wheels (no index, no deps), then run
 #
 # Options: --out DIR (results go to DIR/results/gpu and runs to DIR/work; default: $OUT when set, else the
-# repository), --budget SECONDS, --python PY (default python3), --only NAME[,NAME...] (those steps alone, e.g.
-# bench_hf_generate), --reps N (the benchmarks' repetitions, default 1; their time boxes grow with it), --variants
-# "V1 V2 ..." (the benchmarks' variants of bench_trainers.py, default all six below), --batch N (the benchmarks'
-# completions per step, default 64; another N writes results/gpu/bench_*_bN.md beside the 64-row files, e.g. to
-# look for the batch where continuous batching becomes throughput-bound).
+# repository), --budget SECONDS (the whole run, the wheels' install included), --python PY (default python3), --only
+# NAME[,NAME...] (those steps alone, e.g. bench_hf_generate), --reps N (the benchmarks' repetitions, default 1; their
+# time boxes grow with it), --variants "V1 V2 ..." (the benchmarks' variants of bench_trainers.py, default all six
+# below), --batch N (the benchmarks' completions per step, default 64; another N writes results/gpu/bench_*_bN.md
+# beside the 64-row files, e.g. to look for the batch where continuous batching becomes throughput-bound).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -36,7 +39,7 @@ while [ $# -gt 0 ]; do
         --reps) REPS=$2; shift ;;
         --variants) VARIANTS=$2; shift ;;
         --batch) BATCH=$2; shift ;;
-        -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
         *) echo "gpu_check: unknown option $1 (see --help)" >&2; exit 2 ;;
     esac
     shift
@@ -48,10 +51,17 @@ done
 # Python version, hence the machine's Python (3.12) when fetching.
 CARRY=(trl==1.16.0 transformers==5.24.0 datasets==5.2.0 math-verify==0.9.0 "latex2sympy2_extended==1.11.0"
        "antlr4-python3-runtime==4.13.2" dill==0.4.1 multiprocess==0.70.19)
+# DeepSpeed (the ZeRO-2 steps) and what it needs beyond that image: deepspeed itself is built here as a pure-Python
+# wheel (its CUDA ops compile on first use, and the trainers use torch's AdamW, so none is built); pydantic-core is
+# compiled, hence the platform
+CARRY_DS=(pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 hjson==3.1.0)
+PLATFORMS=(--implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64)
 
 if [ -n "$FETCH" ]; then
     mkdir -p "$FETCH"
     "$PY" -m pip download --no-deps --only-binary=:all: --python-version 3.12 -d "$FETCH" "${CARRY[@]}" || exit 1
+    "$PY" -m pip download --no-deps --only-binary=:all: --python-version 3.12 "${PLATFORMS[@]}" -d "$FETCH" "${CARRY_DS[@]}" || exit 1
+    "$PY" -m pip wheel --no-deps -w "$FETCH" deepspeed==0.19.8 || exit 1
     "$PY" -m pip wheel --no-deps -w "$FETCH" . || exit 1
     ls -1 "$FETCH"
     exit 0
@@ -71,6 +81,13 @@ BENCH_VARIANTS=${VARIANTS:-"grpo_beta0 grpo_two_generates eepo grpo_g2_half apo 
 STEPS=()
 for m in erpo eepo dph apo composed grpo; do
     STEPS+=("smoke_$m|60|$TRAIN $m $SMOKE_FLAGS --output_dir $WORK/smoke-$m")
+done
+# ZeRO-2 on one GPU, side by side with the smoke runs (each its own rendezvous port)
+ZERO2="$PY -m accelerate.commands.launch --config_file configs/accelerate/zero2.yaml --num_processes 1"
+port=29511
+for m in erpo dph eepo; do
+    STEPS+=("zero2_$m|90|$ZERO2 --main_process_port $port -m trl_variants train $m $SMOKE_FLAGS --output_dir $WORK/zero2-$m")
+    port=$((port + 1))
 done
 STEPS+=("main_job|300|$TRAIN erpo --use_cpu false --bf16 true --save_strategy no --output_dir $WORK/main")
 STEPS+=("evaluate|90|$PY -m trl_variants evaluate --models $WORK/main --max_prompts 200 --k 4 --temperatures 1.0 --output_dir $WORK/eval")
@@ -99,8 +116,13 @@ if [ "$DRY" -eq 1 ]; then
     exit 0
 fi
 
+# The budget counts from here, the wheels' install included (a device call's time limit of the budget plus a minute
+# then leaves time for the report and for copying it out: on 2026-11-27 a call whose limit did not allow for the
+# install lost a whole benchmark's output)
+START=$SECONDS
 if [ -n "$WHEELS" ]; then
     SITE=$(pwd)/.gpu_site
+    rm -rf "$SITE"  # a machine kept warm between calls holds the last call's copy: pip --target would not replace it
     "$PY" -m pip install -q --no-index --no-deps --target "$SITE" "$WHEELS"/*.whl || exit 1
     # the working tree first (the scripts under benchmarks/ would import the installed wheel's copy otherwise); the
     # wheel gives the package's metadata (its version, read by the offline pass)
@@ -141,17 +163,23 @@ run_step() {
     [ "$rc" -eq 0 ] || { echo; echo "### $name: last lines"; echo '```'; tail -n 25 "$WORK/logs/$name.log"; echo '```'; } > "$WORK/logs/$name.failure"
 }
 
-# The smoke runs (tiny model, a few steps; their speed is not measured) run side by side; the rest one at a time.
-START=$SECONDS
-SMOKE_BOX=0
+# The smoke and ZeRO-2 runs (tiny model, a few steps; their speed is not measured) run side by side; the rest one at
+# a time.
 for step in "${STEPS[@]}"; do
     IFS='|' read -r name box cmd <<< "$step"
-    case $name in smoke_*) run_step "$name" "$box" "$cmd" & [ "$box" -gt "$SMOKE_BOX" ] && SMOKE_BOX=$box ;; esac
+    case $name in
+        zero2_*) if ! "$PY" -c "import deepspeed" > /dev/null 2>&1; then
+                     echo "| $name | skipped: deepspeed is not installed (--fetch-wheels carries it) | 0 | \`$cmd\` |" >> "$REPORT"
+                     continue
+                 fi
+                 run_step "$name" "$box" "$cmd" & ;;
+        smoke_*) run_step "$name" "$box" "$cmd" & ;;
+    esac
 done
 wait
 for step in "${STEPS[@]}"; do
     IFS='|' read -r name box cmd <<< "$step"
-    case $name in smoke_*) continue ;; esac
+    case $name in smoke_*|zero2_*) continue ;; esac
     left=$((BUDGET - (SECONDS - START)))
     if [ "$left" -lt 20 ]; then
         echo "| $name | skipped: budget spent | 0 | \`$cmd\` |" >> "$REPORT"
@@ -174,6 +202,18 @@ cat "$WORK"/logs/*.failure > "$RESULTS/gpu_check_failures.md" 2>/dev/null || rm 
     echo '```'
     grep -iE "device|greedy|avg@|pass@|length limit|warning" "$WORK/logs/evaluate.log" 2>/dev/null | head -20 || true
     echo '```'
+    if [ -f "$WORK/logs/zero2_eepo.log" ]; then
+        echo
+        echo "## EEPO's unlearning step: fp32 weights (smoke_eepo) and ZeRO-2's bf16 weights (zero2_eepo)"
+        echo
+        echo "eepo/stage1_logp_change per logged step: how much the step lowered stage 1's summed log-probs (near 0: the"
+        echo "step was lost to rounding)."
+        echo '```'
+        for s in smoke_eepo zero2_eepo; do
+            echo "$s: $(grep -o "'eepo/stage1_logp_change': '[-0-9.e]*" "$WORK/logs/$s.log" 2>/dev/null | grep -o "[-0-9.e]*$" | tr '\n' ' ')"
+        done
+        echo '```'
+    fi
     for b in bench_hf_generate bench_continuous_batching; do
         if [ -f "$RESULTS/$b$TAG.md" ]; then
             echo

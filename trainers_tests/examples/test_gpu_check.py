@@ -22,11 +22,15 @@ def test_dry_run_lists_every_step_within_the_budget():
     steps = _dry_run()
     names = [name for name, _, _ in steps]
     assert names == [f"smoke_{m}" for m in ("erpo", "eepo", "dph", "apo", "composed", "grpo")] + [
-        "main_job", "evaluate", "bench_hf_generate", "bench_continuous_batching"]
+        "zero2_erpo", "zero2_dph", "zero2_eepo", "main_job", "evaluate", "bench_hf_generate",
+        "bench_continuous_batching"]
     for name, box, cmd in steps:
         assert int(box) <= 480, name  # no step may need more than the whole budget
-        if name.startswith("smoke_") or name == "main_job":
+        if name.startswith(("smoke_", "zero2_")) or name == "main_job":
             assert "--use_cpu false --bf16 true" in cmd, name  # on the GPU, in bf16
+    ports = [shlex.split(cmd)[shlex.split(cmd).index("--main_process_port") + 1] for name, _, cmd in steps
+             if name.startswith("zero2_")]
+    assert len(set(ports)) == 3  # side by side: one rendezvous port each
     main = dict((n, c) for n, _, c in steps)["main_job"]
     assert "--max_steps" not in main  # the main job runs to its end
     assert "--continuous_batching" in dict((n, c) for n, _, c in steps)["bench_continuous_batching"]
@@ -40,7 +44,15 @@ def test_dry_run_commands_parse(tmp_path):
     for name, _, cmd in _dry_run("--out", str(tmp_path)):
         argv = shlex.split(cmd)
         assert argv[0] == "python3", name
-        if name.startswith("smoke_") or name == "main_job":
+        if name.startswith("zero2_"):  # accelerate's launcher with the ZeRO-2 config, then the same command line
+            from accelerate.commands.launch import launch_command_parser
+
+            launch = launch_command_parser().parse_args(argv[3:])
+            assert argv[1:3] == ["-m", "accelerate.commands.launch"] and launch.num_processes == 1, name
+            assert launch.config_file == "configs/accelerate/zero2.yaml" and (ROOT / launch.config_file).is_file()
+            assert launch.module and launch.training_script == "trl_variants", name
+            argv = ["python3", "-m", "trl_variants", *launch.training_script_args]
+        if name.startswith(("smoke_", "zero2_")) or name == "main_job":
             assert argv[1:4] == ["-m", "trl_variants", "train"], name
             method, flags = argv[4], argv[5:]
             i = flags.index("--use_cpu")  # transformers refuses bf16 without a GPU: parse it as on a CPU here
@@ -112,3 +124,36 @@ def test_batch_runs_the_benchmarks_at_another_size_beside_the_64_row_results():
     proc = subprocess.run(["bash", str(SCRIPT), "--dry-run", "--batch", "lots"], capture_output=True, text=True,
                           cwd=ROOT)
     assert proc.returncode == 2 and "--batch takes a number" in proc.stderr
+
+
+def _fake_python(tmp_path, deepspeed: bool):
+    """A stand-in for the GPU machine's python3: it names a device, has (or lacks) deepspeed, and runs every step by
+    printing an EEPO metric line, so the script's loop and report run here without a GPU."""
+    fake = tmp_path / "python3"
+    fake.write_text("#!/usr/bin/env bash\n"
+                    'case "$*" in\n'
+                    '  *get_device_name*) echo "Fake GPU" ;;\n'
+                    f'  *"import deepspeed"*) exit {0 if deepspeed else 1} ;;\n'
+                    '  *importlib.metadata*) echo "torch 0" ;;\n'
+                    '  *zero2-eepo*) echo "{\'eepo/stage1_logp_change\': \'-0.15\'}" ;;\n'
+                    '  *smoke-eepo*) echo "{\'eepo/stage1_logp_change\': \'-0.2\'}" ;;\n'
+                    "esac\n")
+    fake.chmod(0o755)
+    return fake
+
+
+@pytest.mark.parametrize("deepspeed", [False, True])
+def test_zero2_steps_run_beside_the_smoke_runs_or_say_why_not(tmp_path, deepspeed):
+    """The ZeRO-2 steps run where deepspeed imports and are written down as skipped, naming the fix, where it does
+    not; with both EEPO runs done the report sets their unlearning-step metric side by side."""
+    proc = subprocess.run(["bash", str(SCRIPT), "--python", str(_fake_python(tmp_path, deepspeed)), "--out",
+                           str(tmp_path / "o"), "--budget", "60", "--only", "smoke_eepo,zero2_eepo,zero2_erpo"],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    report = (tmp_path / "o" / "results" / "gpu" / "gpu_check.md").read_text()
+    rows = {line.split(" | ")[0].strip("| "): line.split(" | ")[1] for line in report.splitlines()
+            if line.startswith(("| smoke_", "| zero2_"))}
+    assert rows["smoke_eepo"] == "ok"
+    for name in ("zero2_eepo", "zero2_erpo"):
+        assert rows[name] == ("ok" if deepspeed else "skipped: deepspeed is not installed (--fetch-wheels carries it)")
+    assert ("smoke_eepo: -0.2 \nzero2_eepo: -0.15 " in report) == deepspeed
