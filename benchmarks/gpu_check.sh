@@ -6,11 +6,13 @@
 #   3. `trl-variants evaluate` on the model it trained
 #   4. DeepSpeed ZeRO-2 (configs/accelerate/zero2.yaml, one process, bf16 weights with fp32 master copies): erpo, dph
 #      and eepo for a few steps; EEPO's unlearning step edits the bf16 weights there, so the report sets its
-#      eepo/stage1_logp_change beside the fp32-weight smoke run's (skipped where deepspeed is not installed)
+#      eepo/stage1_logp_change and eepo/unlearning_step_kept beside the fp32-weight smoke run's (skipped where
+#      deepspeed is not installed)
 #   5. benchmarks/bench_trainers.py --gpu on a Qwen2.5-0.5B-shaped model (random weights), with HF generate, then
 #      with transformers' continuous batching (the per-regime speed targets, results/gpu/bench_*.md)
-# Each step has its own time box, cut to what is left of the budget (the smoke runs go side by side); a step that
-# did not fit is written down as skipped. The slowest and least certain steps come last.
+# Each step has its own time box, cut to what is left of the budget (the smoke and ZeRO-2 runs go side by side
+# first, within their own boxes of 60-90 s); a step that did not fit is written down as skipped. The slowest and
+# least certain steps come last.
 #
 #   bash benchmarks/gpu_check.sh --dry-run            # print the commands it would run, run nothing
 #   bash benchmarks/gpu_check.sh --fetch-wheels DIR   # here (with the package registry): the wheels a bare GPU
@@ -39,7 +41,7 @@ while [ $# -gt 0 ]; do
         --reps) REPS=$2; shift ;;
         --variants) VARIANTS=$2; shift ;;
         --batch) BATCH=$2; shift ;;
-        -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,/^set -uo/{/^#/p}' "$0"; exit 0 ;;
         *) echo "gpu_check: unknown option $1 (see --help)" >&2; exit 2 ;;
     esac
     shift
@@ -135,8 +137,20 @@ if [ -z "$DEVICE" ]; then
     exit 1
 fi
 mkdir -p "$RESULTS" "$WORK/logs"
+rm -f "$WORK"/logs/*  # a report must not read an earlier run's logs
 REPORT=$RESULTS/gpu_check.md
-VERSIONS=$("$PY" -c 'import importlib.metadata as m; print(", ".join(f"{p} {m.version(p)}" for p in ("torch", "transformers", "trl", "accelerate", "datasets", "peft", "trl-variants")))' 2>&1)
+VERSIONS=$("$PY" -c '
+import importlib.metadata as m
+
+def version(p):
+    try:
+        return m.version(p)
+    except m.PackageNotFoundError:
+        return "not installed"
+
+print(", ".join(f"{p} {version(p)}" for p in ("torch", "transformers", "trl", "accelerate", "datasets", "peft", "deepspeed", "trl-variants")))' 2>&1)
+HAS_DEEPSPEED=0
+"$PY" -c "import deepspeed" > /dev/null 2>&1 && HAS_DEEPSPEED=1
 {
     echo "# GPU check: $DEVICE"
     echo
@@ -168,7 +182,7 @@ run_step() {
 for step in "${STEPS[@]}"; do
     IFS='|' read -r name box cmd <<< "$step"
     case $name in
-        zero2_*) if ! "$PY" -c "import deepspeed" > /dev/null 2>&1; then
+        zero2_*) if [ "$HAS_DEEPSPEED" -eq 0 ]; then
                      echo "| $name | skipped: deepspeed is not installed (--fetch-wheels carries it) | 0 | \`$cmd\` |" >> "$REPORT"
                      continue
                  fi
@@ -206,11 +220,14 @@ cat "$WORK"/logs/*.failure > "$RESULTS/gpu_check_failures.md" 2>/dev/null || rm 
         echo
         echo "## EEPO's unlearning step: fp32 weights (smoke_eepo) and ZeRO-2's bf16 weights (zero2_eepo)"
         echo
-        echo "eepo/stage1_logp_change per logged step: how much the step lowered stage 1's summed log-probs (near 0: the"
-        echo "step was lost to rounding)."
+        echo "Per logged step: eepo/stage1_logp_change, how much the step lowered stage 1's summed log-probs (near 0: the"
+        echo "step was lost to rounding), and eepo/unlearning_step_kept, the first-order share of the step the weights kept"
+        echo "(about 1 with float32 weights)."
         echo '```'
-        for s in smoke_eepo zero2_eepo; do
-            echo "$s: $(grep -o "'eepo/stage1_logp_change': '[-0-9.e]*" "$WORK/logs/$s.log" 2>/dev/null | grep -o "[-0-9.e]*$" | tr '\n' ' ')"
+        for metric in stage1_logp_change unlearning_step_kept; do
+            for s in smoke_eepo zero2_eepo; do
+                echo "$s $metric: $(grep -o "'eepo/$metric': '[^']*" "$WORK/logs/$s.log" 2>/dev/null | sed "s/.*'//" | tr '\n' ' ')"
+            done
         done
         echo '```'
     fi

@@ -100,6 +100,8 @@ def test_the_training_command_says_where_it_runs(tmp_path, monkeypatch):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     assert where_it_runs(args) == ("training on cpu, 1 process, fp32 compute (use_cpu: true; this machine has 2 "
                                    "GPU(s): --use_cpu false trains there, see docs/gpu.md)")
+    args.deepspeed_plugin = type("Plugin", (), {"zero_stage": 2})()  # what transformers sets under DeepSpeed
+    assert where_it_runs(args).startswith("training on cpu, 1 process, DeepSpeed ZeRO-2, fp32 compute")
 
 
 def test_only_and_reps_pick_steps_for_a_benchmark_session():
@@ -135,8 +137,8 @@ def _fake_python(tmp_path, deepspeed: bool):
                     '  *get_device_name*) echo "Fake GPU" ;;\n'
                     f'  *"import deepspeed"*) exit {0 if deepspeed else 1} ;;\n'
                     '  *importlib.metadata*) echo "torch 0" ;;\n'
-                    '  *zero2-eepo*) echo "{\'eepo/stage1_logp_change\': \'-0.15\'}" ;;\n'
-                    '  *smoke-eepo*) echo "{\'eepo/stage1_logp_change\': \'-0.2\'}" ;;\n'
+                    '  *zero2-eepo*) echo "{\'eepo/stage1_logp_change\': \'-0.15\', \'eepo/unlearning_step_kept\': \'nan\'}" ;;\n'
+                    '  *smoke-eepo*) echo "{\'eepo/stage1_logp_change\': \'-0.2\', \'eepo/unlearning_step_kept\': \'1\'}" ;;\n'
                     "esac\n")
     fake.chmod(0o755)
     return fake
@@ -146,6 +148,9 @@ def _fake_python(tmp_path, deepspeed: bool):
 def test_zero2_steps_run_beside_the_smoke_runs_or_say_why_not(tmp_path, deepspeed):
     """The ZeRO-2 steps run where deepspeed imports and are written down as skipped, naming the fix, where it does
     not; with both EEPO runs done the report sets their unlearning-step metric side by side."""
+    stale = tmp_path / "o" / "work" / "gpu_check" / "logs" / "zero2_eepo.log"  # an earlier run's, same --out
+    stale.parent.mkdir(parents=True)
+    stale.write_text("{'eepo/stage1_logp_change': '-9.9'}")
     proc = subprocess.run(["bash", str(SCRIPT), "--python", str(_fake_python(tmp_path, deepspeed)), "--out",
                            str(tmp_path / "o"), "--budget", "60", "--only", "smoke_eepo,zero2_eepo,zero2_erpo"],
                           capture_output=True, text=True, cwd=ROOT)
@@ -156,4 +161,6 @@ def test_zero2_steps_run_beside_the_smoke_runs_or_say_why_not(tmp_path, deepspee
     assert rows["smoke_eepo"] == "ok"
     for name in ("zero2_eepo", "zero2_erpo"):
         assert rows[name] == ("ok" if deepspeed else "skipped: deepspeed is not installed (--fetch-wheels carries it)")
-    assert ("smoke_eepo: -0.2 \nzero2_eepo: -0.15 " in report) == deepspeed
+    assert ("smoke_eepo stage1_logp_change: -0.2 \nzero2_eepo stage1_logp_change: -0.15 " in report) == deepspeed
+    assert ("smoke_eepo unlearning_step_kept: 1 \nzero2_eepo unlearning_step_kept: nan " in report) == deepspeed
+    assert "-9.9" not in report and ("## EEPO's unlearning step" in report) == deepspeed

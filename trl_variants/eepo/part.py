@@ -69,6 +69,21 @@ def _rollout_is_logged(trainer) -> bool:
     return (args.logging_first_step and step == 0) or any((step + k) % every == 0 for k in range(1, fed + 1))
 
 
+def _share_of_step_kept(params, saved, grads, lr: float) -> float | None:
+    """The share of the unlearning step's first-order effect on the loss that the weights kept:
+    ``sum g . (saved - p) / (lr sum g^2)``, accumulated in float64 from float32 products. 1 when each weight moved by
+    exactly ``-lr g``; below 1 where low-precision weights (bf16 under DeepSpeed ZeRO-1/2) round updates smaller than
+    half their spacing away; None for a step with no gradient. The same on every process (the gradients are reduced,
+    the weights are replicas)."""
+    applied = intended = 0.0
+    for p, s, g in zip(params, saved, grads, strict=True):
+        if g is not None:
+            g32 = g.float()
+            applied += (g32 * (s.float() - p.float())).sum().item()
+            intended += lr * g32.square().sum().item()
+    return applied / intended if intended > 0 else None
+
+
 class _LogpsWhileGenerating(contextlib.AbstractContextManager):
     """The log-probs and entropies of the tokens ``generate`` picks, read from the model's own forward passes while
     it samples: at each decoding step, ``log_softmax(logits / T)`` of the last position (the model's distribution,
@@ -217,7 +232,7 @@ class TwoStageRollout(Part):
     """The rollout of eq. 4-11. The part holds the gate's state ``entropy_history`` (checkpointed through :meth:`state`)
     and, between the rollout and its scoring, ``pending_old_logps`` / ``pending_stage2``. Metrics:
     ``eepo/entropy_stage1``, ``eepo/entropy_moving_avg``, ``eepo/gate``, ``eepo/unlearning_loss``,
-    ``eepo/entropy_stage2``, ``eepo/stage1_logp_change``."""
+    ``eepo/entropy_stage2``, ``eepo/stage1_logp_change``, ``eepo/unlearning_step_kept`` (:func:`_share_of_step_kept`)."""
 
     name = "eepo_two_stage_rollout"
     owns_rollout = True
@@ -307,11 +322,13 @@ class TwoStageRollout(Part):
                  for g in torch.autograd.grad(u, params, allow_unused=True)]
         before1 = logps1.detach()  # stage-1 log-probs under the policy: the stage-1 old log-probs
         del logps1
+        measure_drop = _rollout_is_logged(trainer)
         try:
             with torch.no_grad():
                 for p, g in zip(params, grads, strict=True):
                     if g is not None:
                         p.sub_(trainer.args.unlearning_lr * g)
+                kept = _share_of_step_kept(params, snapshot, grads, trainer.args.unlearning_lr) if measure_drop else None
             del grads
             trainer._sync_vllm()
             # 4. stage 2 from the unlearned rollout model, scored under it (its old log-probs and entropy): read
@@ -320,7 +337,6 @@ class TwoStageRollout(Part):
             with self._reader(trainer, model) as reader:
                 c2, lp2 = grpo_generate(p2, None, {}, k2)
             captured = self._read(reader, c2, stage=2)
-            measure_drop = _rollout_is_logged(trainer)
             rescored_p, rescored_c = ([], []) if captured is not None else (p2, c2)
             if measure_drop:
                 rescored_p, rescored_c = rescored_p + p1, rescored_c + c1
@@ -346,6 +362,8 @@ class TwoStageRollout(Part):
             after1 = after[n2:, : mask1.size(1)]
             drop = ((after1 - before1) * mask1).sum(-1)
             metrics["eepo/stage1_logp_change"].append(trainer.accelerator.gather(drop).mean().item())
+            if kept is not None:
+                metrics["eepo/unlearning_step_kept"].append(kept)
         # old log-probs: stage 1 under the policy (= the pre-step weights), stage 2 under the unlearned weights
         rows1 = [lp[m.bool()].tolist() for lp, m in zip(before1, mask1, strict=True)]
         rows2 = [lp[m.bool()].tolist() for lp, m in zip(old2, mask2, strict=True)]

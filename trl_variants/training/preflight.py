@@ -107,15 +107,19 @@ def check_prerequisites(training_args) -> None:
 
 
 def where_it_runs(training_args) -> str:
-    """One line: the device and process count this run trains on, the precision, and, when a recipe keeps a run on
-    the CPU (the tiny recipes' ``use_cpu: true``) on a machine with a GPU, the flag that moves it there."""
+    """One line: the device and process count this run trains on, DeepSpeed's ZeRO stage or FSDP, the precision,
+    and, when a recipe keeps a run on the CPU (the tiny recipes' ``use_cpu: true``) on a machine with a GPU, the flag
+    that moves it there."""
     import torch
 
     device = training_args.device
     name = (f"{device} ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else str(device))
     precision = "bf16" if training_args.bf16 else "fp16" if training_args.fp16 else "fp32"
+    plugin = getattr(training_args, "deepspeed_plugin", None)  # set by transformers under DeepSpeed
+    engine = (f"DeepSpeed ZeRO-{plugin.zero_stage}, " if plugin is not None
+              else "FSDP, " if os.environ.get("ACCELERATE_USE_FSDP", "false").lower() in ("1", "true") else "")
     line = (f"training on {name}, {training_args.world_size} process{'es' if training_args.world_size > 1 else ''}, "
-            f"{precision} compute")
+            f"{engine}{precision} compute")
     if training_args.use_cpu and torch.cuda.is_available():
         line += (f" (use_cpu: true; this machine has {torch.cuda.device_count()} GPU(s): --use_cpu false trains "
                  "there, see docs/gpu.md)")
