@@ -9,7 +9,9 @@ os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-torch.set_num_threads(int(os.environ.get("TRL_VARIANTS_TEST_THREADS", "2")))
+# two threads in one process; one in each pytest-xdist worker (scripts/test.sh starts two on two cores)
+torch.set_num_threads(int(os.environ.get("TRL_VARIANTS_TEST_THREADS", "1" if os.environ.get("PYTEST_XDIST_WORKER")
+                                         else "2")))
 
 
 @pytest.fixture(scope="session")
