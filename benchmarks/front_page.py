@@ -38,8 +38,8 @@ BLOCK = re.compile(r"(<!-- front_page\.py: (\w+) -->\n)(.*?)(<!-- /front_page\.p
 SOURCES = {
     ("erpo", "grpo_beta0"): "results/benchmarks/benchmarks_parts.json",
     ("dph", "grpo_beta0_accuracy"): "results/benchmarks/benchmarks_parts.json",
-    ("eepo", "grpo_two_generates"): "results/benchmarks/benchmarks_eepo_gate.json",
-    ("eepo", "grpo_beta0"): "results/benchmarks/benchmarks_eepo_gate.json",
+    ("eepo", "grpo_two_generates"): "results/benchmarks/benchmarks_eepo_pair.json",
+    ("eepo", "grpo_beta0"): "results/benchmarks/benchmarks_eepo_pair.json",
     ("apo", "grpo_g2_half"): "results/benchmarks/benchmarks_apo_floor.json",
     ("apo", "a2po"): "results/benchmarks/benchmarks_apo_floor.json",
     ("apo", "grpo_g2"): "results/benchmarks/benchmarks_apo_floor.json",

