@@ -22,7 +22,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 HARNESS = ROOT / "trainers_tests" / "distributed" / "harness.py"
 BIN = Path(sys.executable).parent
-TIMING = {"step_time", "train_runtime", "train_samples_per_second", "train_steps_per_second"}
+TIMING = {"step_time", "train_runtime", "train_samples_per_second", "train_steps_per_second",
+          "offline_pass/seconds"}
 
 
 def run(cmd, env, log: Path) -> tuple[bool, str]:
@@ -33,7 +34,7 @@ def run(cmd, env, log: Path) -> tuple[bool, str]:
         return True, ""
     errors = [line for line in text.splitlines() if line.startswith("[rank0]:") and "Error" in line]
     errors = errors or [line for line in text.splitlines() if "Error" in line]
-    return False, (errors[-1] if errors else text.strip().splitlines()[-1])[-400:]
+    return False, (errors[-1] if errors else text.strip().splitlines()[-1])[:400]
 
 
 def compare(ref: Path, other: Path) -> dict:

@@ -39,3 +39,49 @@ def test_without_the_part_the_attribute_is_absent_until_set():
         trainer.position  # noqa: B018
     trainer.position = 5  # a plain attribute then, as on any object
     assert trainer.position == 5
+
+
+def _zero3_reentrant(monkeypatch):
+    """ZeRO-3 as the trainers' check sees it (``_model._zero3``), with reentrant gradient checkpointing asked for as
+    TRL asks for it under PEFT; the real 2-process run is scripts/check_distributed_backends.py --trainers dph_peft."""
+    import trl_variants._model as model_module
+
+    monkeypatch.setattr(model_module, "_zero3", lambda trainer: True)
+    return dict(gradient_checkpointing=True, gradient_checkpointing_kwargs={"use_reentrant": True})
+
+
+def test_a_second_forward_under_zero3_reentrant_checkpointing_is_refused_before_the_offline_pass(tmp_path,
+                                                                                                   monkeypatch):
+    """DPH-RL's D_pef forward under ZeRO-3 with reentrant checkpointing made DeepSpeed fail in the first backward (an
+    AssertionError naming nothing of ours, after the offline pass): it is refused in __init__, naming the fixes."""
+    import trl_variants.dph.part as dph_part
+
+    from .helpers import small_trainer
+
+    def no_pass(*args, **kwargs):
+        raise AssertionError("the offline pass ran")
+
+    monkeypatch.setattr(dph_part.Rehearsal, "setup", no_pass)
+    with pytest.raises(ValueError, match=r"DPHTrainer: part 'dph_rehearsal' runs a forward with gradient of its own.*"
+                                         r"ZeRO-3 with reentrant gradient checkpointing.*gradient_checkpointing=False.*"
+                                         r"zero2\.yaml.*use_reentrant': False"):
+        small_trainer("dph", tmp_path, **_zero3_reentrant(monkeypatch))
+
+
+def test_a_loss_term_on_another_batch_is_refused_there_too(tmp_path, monkeypatch):
+    """A part that did not set ``forwards_own_batch`` but returns a term on a batch of its own: refused when the
+    term arrives, before the backward that would fail."""
+    import torch
+
+    from trl_variants.parts import LossTerm
+
+    from .helpers import small_trainer
+
+    trainer = small_trainer("erpo", tmp_path)  # no part with a batch of its own: accepted
+    assert trainer._reentrant_zero3 is False
+    trainer._reentrant_zero3 = True
+    inputs = {"completion_ids": torch.zeros(2, 3, dtype=torch.long)}
+    loss = torch.tensor(1.0, requires_grad=True)
+    assert trainer.combine_loss(loss, {"kl": LossTerm(torch.tensor(0.5))}, inputs) is not None  # rollout batch: fine
+    with pytest.raises(ValueError, match=r"ERPOTrainer: loss term 'mine' \(batch 'own'\) runs a forward with gradient"):
+        trainer.combine_loss(loss, {"mine": LossTerm(torch.tensor(0.5), batch="own", rows=2)}, inputs)

@@ -30,6 +30,29 @@ def _zero3(trainer) -> bool:
     return plugin is not None and plugin.zero_stage == 3
 
 
+def reentrant_checkpointing_under_zero3(trainer) -> bool:
+    """Whether the trainer runs DeepSpeed ZeRO-3 with reentrant gradient checkpointing (``gradient_checkpointing``
+    with ``gradient_checkpointing_kwargs={"use_reentrant": True}``, which TRL forces for PEFT under ZeRO-3). There a
+    second forward with gradient through the same weights before the step's one backward fails in that backward:
+    each checkpointed segment runs its own backward, so ZeRO-3 sees a weight's gradient twice (DeepSpeed 0.19.8:
+    ``AssertionError`` in ``__reduce_and_partition_ipg_grads``; docs/distributed.md)."""
+    args = trainer.args
+    return bool(_zero3(trainer) and args.gradient_checkpointing
+                and (args.gradient_checkpointing_kwargs or {}).get("use_reentrant") is True)
+
+
+def second_forward_refusal(trainer_name: str, what: str) -> str:
+    """Why a forward with gradient of its own (``what``: a part, a loss term) is refused under
+    :func:`reentrant_checkpointing_under_zero3`, and the fixes."""
+    return (f"{trainer_name}: {what} runs a forward with gradient of its own before the step's one backward, and "
+            "this run uses DeepSpeed ZeRO-3 with reentrant gradient checkpointing (TRL sets use_reentrant=True for "
+            "PEFT under ZeRO-3). There DeepSpeed fails in the first backward (an AssertionError in ZeRO-3's gradient "
+            "reduction: every checkpointed segment runs its own backward, so a weight's gradient arrives twice). "
+            "Fix: gradient_checkpointing=False (--gradient_checkpointing false), or DeepSpeed ZeRO-2 "
+            "(configs/accelerate/zero2.yaml), or, training the full model without PEFT, "
+            "gradient_checkpointing_kwargs={'use_reentrant': False}")
+
+
 def params_sharded(trainer) -> bool:
     """Whether the trainer's parameters are partitioned over processes once prepared (DeepSpeed ZeRO-3 or FSDP)."""
     return getattr(trainer, "is_fsdp_enabled", False) or _zero3(trainer)

@@ -29,6 +29,9 @@ inputs, forward)``            as the part's formula writes it (coefficient inclu
                               mean over the global batch), not scaled for gradient accumulation and not added to
                               anything: the trainer combines them (:meth:`PartsTrainer.combine_loss`); ``forward``
                               holds what GRPO's policy forward computed (:class:`PolicyForward`)
+``forwards_own_batch``        the part's loss runs a forward with gradient of its own (a batch besides the
+                              rollout's; DPH-RL's D_pef): refused under DeepSpeed ZeRO-3 with reentrant gradient
+                              checkpointing, where that backward fails (a term on another batch is refused too)
 ``after_loss(trainer,         after the combination: each batch's loss (``"rollout"``: GRPO's plus the terms on
 batch_losses)``               the rollout batch), for the part's own metrics
 ``state()`` /                 the part's checkpointed state (JSON; keys unique across parts)
@@ -57,6 +60,8 @@ from types import MappingProxyType
 
 import torch
 
+from ._model import reentrant_checkpointing_under_zero3, second_forward_refusal
+from ._part_attribute import PartAttribute  # noqa: F401  (trainers declare theirs from here)
 from ._trainer import TrainerBase
 from .generation import pack_prompt_completion
 
@@ -99,6 +104,7 @@ class Part:
     # given in a class body is frozen into a read-only copy; an instance may set its own)
     needs: Mapping = MappingProxyType({})
     offline_pass = False  # setup samples or scores the dataset before training (timed and logged as offline_pass/)
+    forwards_own_batch = False  # its loss runs a forward with gradient of its own (see the table above)
     owns_rollout = False
     fills_batch = False
     wants_prompt_logps = False
@@ -157,39 +163,6 @@ class Part:
 
 
 # ------------------------------------------------------------------------------------------- the registry ---
-class PartAttribute:
-    """A trainer attribute that reads and sets an attribute of one of its parts: ``_pef_pos = PartAttribute(
-    "dph_rehearsal", "pef_pos")`` on a trainer class makes ``trainer._pef_pos`` the rehearsal part's ``pef_pos``. The
-    state stays with the part (checkpointed by it); code that reaches it through the trainer keeps working."""
-
-    def __init__(self, part_name: str, attribute: str):
-        self.part_name, self.attribute = part_name, attribute
-
-    def __set_name__(self, owner, name: str) -> None:
-        self.name = name
-
-    def _part(self, trainer) -> Part | None:
-        return next((p for p in getattr(trainer, "parts", ()) if p.name == self.part_name), None)
-
-    def __get__(self, trainer, owner=None):
-        if trainer is None:
-            return self
-        part = self._part(trainer)
-        if part is not None:
-            return getattr(part, self.attribute)
-        if self.name in trainer.__dict__:  # set on a trainer without the part: a plain attribute, as before
-            return trainer.__dict__[self.name]
-        # an AttributeError: hasattr(trainer, ...) is False on a trainer without the part
-        raise AttributeError(f"{type(trainer).__name__} has no part {self.part_name!r}, which holds {self.attribute!r}")
-
-    def __set__(self, trainer, value) -> None:
-        part = self._part(trainer)
-        if part is None:
-            trainer.__dict__[self.name] = value
-        else:
-            setattr(part, self.attribute, value)
-
-
 _REGISTRY: dict[str, type[Part]] = {}
 _BUILTIN = {"erpo_query_weights": "erpo.part", "erpo_query_kl": "erpo.part", "dph_rehearsal": "dph.part",
             "eepo_two_stage_rollout": "eepo.part", "dapo_dynamic_sampling": "dapo.part"}  # each registers on import
@@ -270,6 +243,9 @@ class PartsTrainer(TrainerBase):
             raise ValueError(f"loss_combination must be one of {LOSS_COMBINATIONS}, got {args.loss_combination!r}")
         super().__init__(model, reward_funcs, args=args, train_dataset=train_dataset, eval_dataset=eval_dataset,
                          **kwargs)
+        self._reentrant_zero3 = reentrant_checkpointing_under_zero3(self)  # TRL's __init__ settles use_reentrant
+        if self._reentrant_zero3 and (own := [p.name for p in self.parts if p.forwards_own_batch]):
+            raise ValueError(second_forward_refusal(name, f"part {own[0]!r}"))  # before any offline pass
         self._needs = {name: provide for part in self.parts for name, provide in part.needs.items()}
         offline = bool(self._needs) or any(p.offline_pass for p in self.parts)
         with self.offline_pass() if offline else nullcontext():  # its numbers reach the first log
@@ -405,6 +381,9 @@ class PartsTrainer(TrainerBase):
             scaled = term.value / scale
             batches[term.batch] = batches[term.batch] + scaled if term.batch in batches else scaled
             if term.batch != "rollout":
+                if getattr(self, "_reentrant_zero3", False):  # a part that did not set forwards_own_batch
+                    raise ValueError(second_forward_refusal(type(self).__name__,
+                                                             f"loss term {name!r} (batch {term.batch!r})"))
                 if term.rows is None or rows.get(term.batch, term.rows) != term.rows:
                     raise ValueError(f"loss term {name!r} on batch {term.batch!r} must say its rows (the same for "
                                      "every term on that batch)")

@@ -163,6 +163,22 @@ def _config(name: str, world: int, out: Path):
         return DPHConfig(num_generations=4, num_presamples=4, pef_threshold=4, pef_batch_size=8 // world,
                          divergence="forward_kl", dph_coef=1.0, presample_cache_dir=str(out / "cache"),
                          **dict(common, max_completion_length=40))
+    if name.endswith("_peft"):  # on LoRA adapters with gradient checkpointing (TRL's reentrant form; HARNESS_GC=0
+        # leaves it off): DPH-RL's D_pef forward is a second forward through the same adapters before one backward.
+        # scripts/check_distributed_backends.py compares these under ZeRO-2/3 with DDP (docs/distributed.md)
+        common = dict(common, gradient_checkpointing=os.environ.get("HARNESS_GC", "1") == "1")
+        if os.environ.get("HARNESS_REENTRANT"):  # "1": reentrant checkpointing asked for (TRL forces it under
+            # PEFT + ZeRO-3), "0": not
+            common["gradient_checkpointing_kwargs"] = {"use_reentrant": os.environ["HARNESS_REENTRANT"] == "1"}
+        if name == "grpo_peft":
+            from trl import GRPOConfig
+
+            return GRPOConfig(num_generations=4, **common)
+        if name == "dph_peft":  # "correct" = a digit in the completion, so that D_pef holds prompts (accuracy: none)
+            return DPHConfig(num_generations=4, num_presamples=4, pef_threshold=4, pef_batch_size=8 // world,
+                             divergence="forward_kl", dph_coef=1.0, presample_cache_dir=str(out / "cache"),
+                             correctness_reward="digit_reward", correctness_threshold=0.1, require_pef=True,
+                             **dict(common, max_completion_length=40))
     if name in ("composed", "composed_ds"):  # every method's parts at once: ERPO's weights and Query-KL, DPH-RL's
         # rehearsal, EEPO's rollout; composed_ds adds dynamic sampling (with a reward that leaves groups all-equal)
         parts = [p for p in PART_NAMES if name == "composed_ds" or p != "dapo_dynamic_sampling"]
@@ -228,7 +244,7 @@ def main(name: str, out: str) -> None:
     if name == "apo_lazy":
         _phase_per_shard()
     trainer_cls = method_classes({"composed_ds": "composed", "dapo_stream": "composed", "custom_part": "composed",
-                                  "apo_lazy": "apo"}.get(name, name))[0]
+                                  "apo_lazy": "apo"}.get(name, name.removesuffix("_peft")))[0]
     args = _config(name, world, out)
     process_type = PartialState().distributed_type
     if os.environ.get("ACCELERATE_USE_FSDP") == "true" and "GPU" not in str(process_type):
@@ -247,7 +263,12 @@ def main(name: str, out: str) -> None:
     data = train_dataset(96 if name == "apo_lazy" else 48)
     if name == "dapo_stream":  # GRPOTrainer streams it (accelerate dispatches the batches from rank 0)
         data = data.to_iterable_dataset()
-    trainer = trainer_cls(model=model, reward_funcs=rewards, train_dataset=data, args=args)
+    peft = {}
+    if name.endswith("_peft") and os.environ.get("HARNESS_PEFT", "1") == "1":  # HARNESS_PEFT=0: the full model
+        from peft import LoraConfig
+
+        peft["peft_config"] = LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", lora_dropout=0.0)
+    trainer = trainer_cls(model=model, reward_funcs=rewards, train_dataset=data, args=args, **peft)
     state = PartialState()
     assert state.num_processes == world, (state.num_processes, world)
 
@@ -256,7 +277,7 @@ def main(name: str, out: str) -> None:
                 "deepspeed": trainer.is_deepspeed_enabled, "fsdp": trainer.is_fsdp_enabled}
     if name in ("eepo", "composed", "composed_ds"):
         _watch_eepo_rollout_models(trainer, observed)
-    if name in ("dph", "apo", "composed", "composed_ds"):  # what the offline pass produced (DPH-RL: the split it made), to compare backends
+    if name in ("dph", "dph_peft", "apo", "composed", "composed_ds"):  # what the offline pass produced (DPH-RL: the split it made), to compare backends
         parts = [trainer.train_dataset] + ([trainer.pef_dataset] if name != "apo" else [])
         text = json.dumps([part.to_dict() for part in parts], sort_keys=True, default=str)
         observed["offline_pass_digest"] = hashlib.sha256(text.encode()).hexdigest()

@@ -45,6 +45,7 @@ class Rehearsal(Part):
 
     name = "dph_rehearsal"
     offline_pass = True
+    forwards_own_batch = True  # the D_pef forward
 
     def __init__(self, args):
         self.args = args
