@@ -78,12 +78,13 @@ def test_the_offline_passes_run_on_the_accelerators_device(tmp_path, monkeypatch
 
 
 def _args(gc=True, reentrant=True):
-    kwargs = None if reentrant is None else {"use_reentrant": reentrant}
+    kwargs = {None: None, "unset": {}}.get(reentrant, {"use_reentrant": reentrant})
     return SimpleNamespace(gradient_checkpointing=gc, gradient_checkpointing_kwargs=kwargs)
 
 
 @pytest.mark.parametrize("zero_stage,gc,reentrant,expected", [
     (3, True, True, True),  # what TRL sets for PEFT under ZeRO-3
+    (3, True, "unset", True),  # kwargs without use_reentrant reach torch's checkpoint, whose default is reentrant
     (3, True, False, False), (3, True, None, False), (3, False, True, False), (2, True, True, False)])
 def test_reentrant_checkpointing_under_zero3_only_where_all_three_hold(zero_stage, gc, reentrant, expected):
     from trl_variants._model import reentrant_checkpointing_under_zero3

@@ -82,6 +82,19 @@ def test_a_loss_term_on_another_batch_is_refused_there_too(tmp_path, monkeypatch
     trainer._reentrant_zero3 = True
     inputs = {"completion_ids": torch.zeros(2, 3, dtype=torch.long)}
     loss = torch.tensor(1.0, requires_grad=True)
+    own = {"mine": LossTerm(torch.tensor(0.5), batch="own", rows=2)}
+    trainer.model.eval()
+    assert trainer.combine_loss(loss, dict(own), inputs) is not None  # evaluation: no backward, nothing refused
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1  # what the training loop sets
     assert trainer.combine_loss(loss, {"kl": LossTerm(torch.tensor(0.5))}, inputs) is not None  # rollout batch: fine
     with pytest.raises(ValueError, match=r"ERPOTrainer: loss term 'mine' \(batch 'own'\) runs a forward with gradient"):
-        trainer.combine_loss(loss, {"mine": LossTerm(torch.tensor(0.5), batch="own", rows=2)}, inputs)
+        trainer.combine_loss(loss, own, inputs)
+
+
+def test_dph_at_eta_zero_has_no_forward_of_its_own_and_is_not_refused(tmp_path, monkeypatch):
+    """dph_coef = 0 never runs the D_pef forward: ZeRO-3 with reentrant checkpointing is accepted."""
+    from .helpers import small_trainer
+
+    trainer = small_trainer("dph", tmp_path, dph_coef=0.0, **_zero3_reentrant(monkeypatch))
+    assert trainer._reentrant_zero3 is True and not trainer.part("dph_rehearsal").forwards_own_batch

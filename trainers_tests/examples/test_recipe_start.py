@@ -308,7 +308,7 @@ def test_two_processes_rescale_a_one_process_recipe(tmp_path):
     env = dict(os.environ, ACCELERATE_USE_CPU="1", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", PYTHONWARNINGS="ignore",
                TRL_VARIANTS_CACHE=str(tmp_path / "cache"))
     torchrun = Path(sys.executable).parent / "torchrun"
-    proc = subprocess.run([str(torchrun), "--nproc_per_node", "2", "--master_port", "29563", "-m", "trl_variants",
+    proc = subprocess.run([str(torchrun), "--nproc_per_node", "2", "--master_port", "29565", "-m", "trl_variants",
                            "train", "erpo", "--config", str(recipe)], env=env, capture_output=True, text=True,
                           timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]

@@ -45,7 +45,6 @@ class Rehearsal(Part):
 
     name = "dph_rehearsal"
     offline_pass = True
-    forwards_own_batch = True  # the D_pef forward
 
     def __init__(self, args):
         self.args = args
@@ -54,6 +53,10 @@ class Rehearsal(Part):
     @classmethod
     def from_config(cls, args) -> Rehearsal:
         return cls(args)
+
+    @property
+    def forwards_own_batch(self) -> bool:  # the D_pef forward (none at eta = 0)
+        return self.args.dph_coef != 0
 
     def check(self, trainer_name, args, train_dataset, kwargs) -> None:
         if train_dataset is None:
