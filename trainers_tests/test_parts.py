@@ -93,8 +93,12 @@ def test_a_loss_term_on_another_batch_is_refused_there_too(tmp_path, monkeypatch
 
 
 def test_dph_at_eta_zero_has_no_forward_of_its_own_and_is_not_refused(tmp_path, monkeypatch):
-    """dph_coef = 0 never runs the D_pef forward: ZeRO-3 with reentrant checkpointing is accepted."""
+    """dph_coef = 0 never runs the D_pef forward: ZeRO-3 with reentrant checkpointing is accepted. (Only the
+    decision sees ZeRO-3 here: the offline pass then runs as on one process, without deepspeed.)"""
+    import trl_variants.parts as parts_module
+
     from .helpers import small_trainer
 
-    trainer = small_trainer("dph", tmp_path, dph_coef=0.0, **_zero3_reentrant(monkeypatch))
+    monkeypatch.setattr(parts_module, "reentrant_checkpointing_under_zero3", lambda trainer: True)
+    trainer = small_trainer("dph", tmp_path, dph_coef=0.0)
     assert trainer._reentrant_zero3 is True and not trainer.part("dph_rehearsal").forwards_own_batch
