@@ -33,10 +33,10 @@ def _zero3(trainer) -> bool:
 def reentrant_checkpointing_under_zero3(trainer) -> bool:
     """Whether the trainer runs DeepSpeed ZeRO-3 with reentrant gradient checkpointing (``gradient_checkpointing``
     with ``gradient_checkpointing_kwargs={"use_reentrant": True}``, which TRL forces for PEFT under ZeRO-3, or
-    kwargs without ``use_reentrant``). There a
-    second forward with gradient through the same weights before the step's one backward fails in that backward:
-    each checkpointed segment runs its own backward, so ZeRO-3 sees a weight's gradient twice (DeepSpeed 0.19.8:
-    ``AssertionError`` in ``__reduce_and_partition_ipg_grads``; docs/distributed.md)."""
+    kwargs without ``use_reentrant``). There a second forward with gradient through the same weights before the
+    step's one backward fails in that backward: each checkpointed segment runs its own backward, so ZeRO-3 sees a
+    weight's gradient twice (DeepSpeed 0.19.8: ``AssertionError`` in ``__reduce_and_partition_ipg_grads``;
+    docs/distributed.md)."""
     args, kwargs = trainer.args, trainer.args.gradient_checkpointing_kwargs
     # no kwargs: transformers checkpoints non-reentrant; kwargs without use_reentrant reach torch, whose default is
     # reentrant
