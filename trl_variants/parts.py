@@ -381,7 +381,7 @@ class PartsTrainer(TrainerBase):
             scaled = term.value / scale
             batches[term.batch] = batches[term.batch] + scaled if term.batch in batches else scaled
             if term.batch != "rollout":
-                if mode == "train" and getattr(self, "_reentrant_zero3", False):  # no forwards_own_batch set
+                if mode == "train" and self._reentrant_zero3:  # a part that did not set forwards_own_batch
                     raise ValueError(second_forward_refusal(type(self).__name__,
                                                              f"loss term {name!r} (batch {term.batch!r})"))
                 if term.rows is None or rows.get(term.batch, term.rows) != term.rows:

@@ -153,6 +153,10 @@ def _config(name: str, world: int, out: Path):
     common = dict(cpu, output_dir=str(out / "trainer"), per_device_train_batch_size=per_device,
                   max_completion_length=24, learning_rate=LR, max_steps=MAX_STEPS, logging_steps=1, optim=OPTIM,
                   temperature=3.0)  # the toy model is so peaked that at 1.0-1.5 whole groups sample one completion
+    def rehearsal(base):  # DPH-RL's rehearsal as every variant here sets it, on 40-token completions
+        return dict(base, max_completion_length=40, num_presamples=4, pef_threshold=4, pef_batch_size=8 // world,
+                    divergence="forward_kl", dph_coef=1.0, presample_cache_dir=str(out / "cache"))
+
     if name == "erpo":
         return ERPOConfig(num_generations=4, **common)
     if name == "eepo":
@@ -160,9 +164,7 @@ def _config(name: str, world: int, out: Path):
     if name == "dph":
         # forward KL (f(u) = -log u) with eta = 1: its gradient at u = 1 is not 0 (JS's is), so from the first step
         # the rehearsed rows and the token normalisation decide the update
-        return DPHConfig(num_generations=4, num_presamples=4, pef_threshold=4, pef_batch_size=8 // world,
-                         divergence="forward_kl", dph_coef=1.0, presample_cache_dir=str(out / "cache"),
-                         **dict(common, max_completion_length=40))
+        return DPHConfig(num_generations=4, **rehearsal(common))
     if name.endswith("_peft"):  # on LoRA adapters with gradient checkpointing (TRL's reentrant form; HARNESS_GC=0
         # leaves it off): DPH-RL's D_pef forward is a second forward through the same adapters before one backward.
         # scripts/check_distributed_backends.py compares these under ZeRO-2/3 with DDP (docs/distributed.md)
@@ -175,10 +177,8 @@ def _config(name: str, world: int, out: Path):
 
             return GRPOConfig(num_generations=4, **common)
         if name == "dph_peft":  # "correct" = a digit in the completion, so that D_pef holds prompts (accuracy: none)
-            return DPHConfig(num_generations=4, num_presamples=4, pef_threshold=4, pef_batch_size=8 // world,
-                             divergence="forward_kl", dph_coef=1.0, presample_cache_dir=str(out / "cache"),
-                             correctness_reward="digit_reward", correctness_threshold=0.1, require_pef=True,
-                             **dict(common, max_completion_length=40))
+            return DPHConfig(num_generations=4, correctness_reward="digit_reward", correctness_threshold=0.1,
+                             require_pef=True, **rehearsal(common))
     if name in ("composed", "composed_ds"):  # every method's parts at once: ERPO's weights and Query-KL, DPH-RL's
         # rehearsal, EEPO's rollout; composed_ds adds dynamic sampling (with a reward that leaves groups all-equal)
         parts = [p for p in PART_NAMES if name == "composed_ds" or p != "dapo_dynamic_sampling"]
@@ -186,10 +186,7 @@ def _config(name: str, world: int, out: Path):
         # model is float64), so stage 1's entropy and stage 2's old log-probs come from the row-by-row generate calls
         gate = dict(entropy_gate="auto", entropy_threshold=1e3, capture_stage2_logps=True) if name == "composed_ds" \
             else dict(entropy_gate="always")
-        return ComposedConfig(num_generations=4, parts=parts, **gate, query_kl_coef=0.1,
-                              num_presamples=4, pef_threshold=4, pef_batch_size=8 // world, divergence="forward_kl",
-                              dph_coef=1.0, presample_cache_dir=str(out / "cache"),
-                              **dict(common, max_completion_length=40))
+        return ComposedConfig(num_generations=4, parts=parts, **gate, query_kl_coef=0.1, **rehearsal(common))
     if name == "custom_part":  # the part of docs/parts.md ("A part of your own"), as the doc writes it, alone
         from trainers_tests.composed.doc_example import doc_example
 
