@@ -4,7 +4,8 @@
 
 Runs ``trainers_tests/distributed/harness.py`` (3 optimizer steps, fixed global batch and completions) with
 ``torchrun`` (gloo DDP, the reference) and with ``accelerate launch --config_file configs/accelerate/<backend>.yaml
---num_processes 2 --mixed_precision no`` (float32: DeepSpeed does not take float64 models), on CPU, and writes
+--num_processes 2 --mixed_precision no`` (float32: DeepSpeed does not take float64 models), on CPU (FSDP2 over gloo:
+the harness lifts Accelerate's GPU-only gate for FSDP, ``harness._fsdp_on_cpu``), and writes
 ``results/distributed/backends.{json,md}``: for each (trainer, backend) whether it ran, the largest parameter and
 relative metric differences to DDP, and for a run that failed the last line of its error. About 15 minutes on 2 cores.
 """
@@ -96,8 +97,9 @@ def main() -> None:
             rows.append(row)
             print(json.dumps(row), flush=True)
     previous = out / "backends.json"
-    if previous.exists():  # keep the rows of trainers not run this time
-        rows = [r for r in json.loads(previous.read_text()) if r["trainer"] not in args.trainers] + rows
+    if previous.exists():  # keep the rows of (trainer, backend) pairs not run this time
+        ran = {(r["trainer"], r["backend"]) for r in rows}
+        rows = [r for r in json.loads(previous.read_text()) if (r["trainer"], r["backend"]) not in ran] + rows
         order = {"erpo": 0, "eepo": 1, "dph": 2, "apo": 3}
         rows.sort(key=lambda r: (order.get(r["trainer"], 9), r["backend"] != "ddp (reference)"))
     previous.write_text(json.dumps(rows, indent=1))

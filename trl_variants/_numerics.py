@@ -75,10 +75,20 @@ def uses_fsdp(args) -> bool:
     return bool(getattr(args, "fsdp", None)) or _env_true("ACCELERATE_USE_FSDP")
 
 
+def mixed_precision(args) -> str | None:
+    """The run's mixed precision, "bf16" or "fp16" (None without): the config's ``bf16`` / ``fp16``, or else, as
+    transformers' TrainingArguments reads it, ``accelerate launch``'s (its config file's ``mixed_precision``)."""
+    if args.bf16 or args.fp16:
+        return "bf16" if args.bf16 else "fp16"
+    launched = os.environ.get("ACCELERATE_MIXED_PRECISION", "no").strip().lower()
+    return launched if launched in ("bf16", "fp16") else None
+
+
 def has_master_weights(args) -> bool:
     """Whether the run keeps an fp32 master copy of low-precision weights: DeepSpeed with bf16/fp16 on (its mixed
-    precision optimizer), or FSDP with mixed precision (Accelerate upcasts the trainable parameters to float32)."""
-    mixed = bool(args.bf16 or args.fp16)
+    precision optimizer), or FSDP with mixed precision (Accelerate upcasts the trainable parameters to float32).
+    Mixed precision from ``accelerate launch`` counts: transformers turns it on even with ``bf16: false``."""
+    mixed = mixed_precision(args) is not None
     deepspeed = bool(getattr(args, "deepspeed", None)) or _env_true("ACCELERATE_USE_DEEPSPEED")
     return mixed and (deepspeed or uses_fsdp(args))
 
@@ -129,7 +139,7 @@ def check_master_weights(model, args, trainer_name: str, peft_config=None) -> No
     why = (f"{trainer_name} would train {name} weights with no fp32 master copy (no DeepSpeed with bf16/fp16, no "
            f"FSDP with mixed precision): AdamW's updates at learning_rate={args.learning_rate:g} are mostly below "
            f"{name}'s resolution and vanish, so the weights barely move")
-    compute = "bf16" if args.bf16 else "fp16" if args.fp16 else None
+    compute = mixed_precision(args)
     if isinstance(model, str) and mode == "upcast":
         kwargs[key] = "float32"
         args.model_init_kwargs = kwargs

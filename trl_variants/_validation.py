@@ -77,10 +77,9 @@ def check_common(config) -> None:
 
         check_continuous_batching(repetition_penalty=_num(rp), generation_kwargs=config.generation_kwargs,
                                   flag=f"{name}.use_transformers_continuous_batching")
-        from ._numerics import uses_fsdp
+        from ._numerics import mixed_precision, uses_fsdp
 
-        launched = os.environ.get("ACCELERATE_MIXED_PRECISION", "no").lower()  # accelerate launch's mixed precision
-        if (config.bf16 or config.fp16 or launched in ("bf16", "fp16")) and uses_fsdp(config):
+        if mixed_precision(config) and uses_fsdp(config):
             raise ValueError(
                 f"{name}.use_transformers_continuous_batching under FSDP with bf16/fp16 is refused: TRL 1.16 casts the "
                 "gathered policy to bf16 in place before generating, and the trainers here keep the float32 weights "

@@ -4,6 +4,8 @@ run on 1 process and a run on N processes can be compared.
     torchrun --nproc_per_node N trainers_tests/distributed/harness.py TRAINER OUT_DIR
     accelerate launch --config_file configs/accelerate/zero2.yaml trainers_tests/distributed/harness.py TRAINER OUT
 
+(On a machine without a GPU, an FSDP config runs FSDP2 over gloo: ``_fsdp_on_cpu``.)
+
 What is held fixed across process counts: the global batch (``per_device_train_batch_size = GLOBAL_ROWS / N``), the
 data order (TRL's seeded RepeatSampler over the global batch), the seed, and the completions. Sampling in a batched
 ``generate`` call draws the random numbers of all rows together, so the same prompt gets other tokens when the rows
@@ -138,6 +140,36 @@ def no_reward_on_some(fn):
     return wrapped
 
 
+def _fsdp_on_cpu() -> None:
+    """Let Accelerate run FSDP over a CPU (gloo) process group, where a launcher's FSDP config asks for it.
+
+    Accelerate 1.15 turns on FSDP only over a GPU-type process group (``AcceleratorState`` checks for MULTI_GPU,
+    MULTI_NPU, ...); on a CPU-only machine the processes are MULTI_CPU and the FSDP plugin is dropped without a word.
+    torch's FSDP2 (``fully_shard``) itself runs over gloo on CPU. This lifts that one gate, and nothing else: the
+    processes start as Accelerate's MULTI_CPU gloo group, then the state becomes FSDP with the launcher's plugin,
+    as ``AcceleratorState`` does over GPUs, so ``prepare``, ``unwrap_model``, ``get_state_dict`` and TRL's and
+    transformers' FSDP branches run their own code on sharded DTensor parameters."""
+    import accelerate.state as state
+    from accelerate.utils import DistributedType
+
+    prepare_backend, init = state.PartialState._prepare_backend, state.AcceleratorState.__init__
+
+    def cpu_backend(self, cpu=False, sagemaker_dp=False, backend=None):
+        return prepare_backend(self, True, sagemaker_dp, backend)  # gloo over CPU processes
+
+    def fsdp_state(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        plugin = kwargs.get("fsdp_plugin")
+        if plugin is not None and self.distributed_type == DistributedType.MULTI_CPU:
+            self.distributed_type = state.PartialState._shared_state["distributed_type"] = DistributedType.FSDP
+            if self._mixed_precision != "no":
+                plugin.set_mixed_precision(self._mixed_precision)
+            self.fsdp_plugin = plugin
+
+    state.PartialState._prepare_backend = cpu_backend
+    state.AcceleratorState.__init__ = fsdp_state
+
+
 def _config(name: str, world: int, out: Path):
     from trainers_tests.helpers import CPU_ARGS
     from trl_variants import APOConfig, ComposedConfig, DPHConfig, EEPOConfig, ERPOConfig
@@ -237,18 +269,15 @@ def main(name: str, out: str) -> None:
     torch.set_num_threads(1)
     out = Path(out)
     world = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun and accelerate launch both set it
+    fsdp = os.environ.get("ACCELERATE_USE_FSDP") == "true"  # a launcher's FSDP config asked for it
+    if fsdp and not torch.cuda.is_available():
+        _fsdp_on_cpu()
     _per_row_generate()
     if name == "apo_lazy":
         _phase_per_shard()
     trainer_cls = method_classes({"composed_ds": "composed", "dapo_stream": "composed", "custom_part": "composed",
                                   "apo_lazy": "apo"}.get(name, name.removesuffix("_peft")))[0]
     args = _config(name, world, out)
-    process_type = PartialState().distributed_type
-    if os.environ.get("ACCELERATE_USE_FSDP") == "true" and "GPU" not in str(process_type):
-        raise RuntimeError(
-            f"the launcher asked for FSDP but the processes are {process_type}: Accelerate enables FSDP only on top of "
-            "a GPU-type process group (MULTI_GPU/NPU/XPU/...), never MULTI_CPU or NO, so on a CPU-only machine the "
-            "FSDP plugin would be ignored")
     model = DEFAULT_MODEL_PATH  # GRPOConfig's model_init_kwargs accept no float64: load it here in that case
     if DTYPE != "float32":
         from transformers import AutoModelForCausalLM
@@ -268,6 +297,8 @@ def main(name: str, out: str) -> None:
     trainer = trainer_cls(model=model, reward_funcs=rewards, train_dataset=data, args=args, **peft)
     state = PartialState()
     assert state.num_processes == world, (state.num_processes, world)
+    if fsdp and not trainer.is_fsdp_enabled:
+        raise RuntimeError(f"the launcher asked for FSDP but the trainer runs {state.distributed_type}")
 
     trainer.add_callback(_phase_callback())
     observed = {"world": world, "distributed_type": str(trainer.accelerator.distributed_type),

@@ -78,6 +78,27 @@ def test_the_rule_leaves_alone_what_keeps_master_weights(tmp_path, monkeypatch):
         ERPOConfig(output_dir=str(tmp_path), use_cpu=True, low_precision_weights="bf16")
 
 
+def test_the_rule_reads_the_launchers_mixed_precision(tmp_path, monkeypatch):
+    """``accelerate launch`` with an FSDP or DeepSpeed config whose ``mixed_precision`` is bf16 turns bf16 on even with
+    ``bf16: false`` in the training config (transformers reads ACCELERATE_MIXED_PRECISION), and FSDP / DeepSpeed then
+    keep float32 master weights: the rule must accept a bf16 policy there (real FSDP2: distributed/test_fsdp2.py)."""
+    from trl_variants import ERPOConfig
+    from trl_variants._numerics import mixed_precision
+
+    args = small_config(ERPOConfig, tmp_path, model_init_kwargs={"dtype": "bfloat16"}, low_precision_weights="refuse")
+    assert not args.bf16 and mixed_precision(args) is None
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    with pytest.raises(ValueError, match="would train bfloat16 weights with no fp32 master copy"):
+        check_master_weights(DEFAULT_MODEL_PATH, args, "ERPOTrainer")  # FSDP without mixed precision: no master copy
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")  # what `accelerate launch --mixed_precision bf16` sets
+    assert mixed_precision(args) == "bf16" and has_master_weights(args)
+    check_master_weights(DEFAULT_MODEL_PATH, args, "ERPOTrainer")
+    assert args.model_init_kwargs["dtype"] == "bfloat16"  # left in bf16: FSDP upcasts it and keeps the master copy
+    monkeypatch.delenv("ACCELERATE_USE_FSDP")
+    with pytest.raises(ValueError, match="would train bfloat16 weights"):  # plain DDP with bf16 autocast: none
+        check_master_weights(DEFAULT_MODEL_PATH, args, "ERPOTrainer")
+
+
 
 def test_dtype_auto_reads_the_checkpoints_dtype(tmp_path):
     """dtype: auto loads a checkpoint in its own dtype (bf16 for most real models): read from its config first."""

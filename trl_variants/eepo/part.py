@@ -32,6 +32,7 @@ from trl.trainer.utils import nanmax, nanmin
 
 from .. import losses
 from .._model import is_peft_model, params_sharded
+from .._numerics import mixed_precision
 from ..parts import Part, register_part
 from .losses import vllm_importance_sampling_ratio
 
@@ -204,7 +205,7 @@ def _captures_stage2(trainer) -> bool:
     args = trainer.args
     if args.capture_stage2_logps is not None:
         return args.capture_stage2_logps
-    if trainer.use_vllm or trainer.use_transformers_continuous_batching or args.bf16 or args.fp16:
+    if trainer.use_vllm or trainer.use_transformers_continuous_batching or mixed_precision(args):
         return False
     if (getattr(trainer.generation_config, "num_beams", 1) or 1) > 1:  # beams: the passes score hypotheses
         return False
@@ -220,8 +221,8 @@ def _separate_forward_reason(trainer) -> str | None:
     if trainer.use_transformers_continuous_batching:
         return ("under use_transformers_continuous_batching: transformers' continuous batching engine runs the model "
                 "on packed batches of its own scheduling, not on the rows the read follows")
-    if args.bf16 or args.fp16:
-        return (f"with {'bf16' if args.bf16 else 'fp16'} compute: the decoding steps' logits round differently from "
+    if mixed_precision(args):
+        return (f"with {mixed_precision(args)} compute: the decoding steps' logits round differently from "
                 "a forward over the whole sequence, so the default keeps the forward's values (set "
                 "capture_stage2_logps=True to read them anyway, within that rounding)")
     return None

@@ -114,7 +114,9 @@ def where_it_runs(training_args) -> str:
 
     device = training_args.device
     name = (f"{device} ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else str(device))
-    precision = "bf16" if training_args.bf16 else "fp16" if training_args.fp16 else "fp32"
+    from .._numerics import mixed_precision
+
+    precision = mixed_precision(training_args) or "fp32"
     plugin = getattr(training_args, "deepspeed_plugin", None)  # set by transformers under DeepSpeed
     engine = (f"DeepSpeed ZeRO-{plugin.zero_stage}, " if plugin is not None
               else "FSDP, " if os.environ.get("ACCELERATE_USE_FSDP", "false").lower() in ("1", "true") else "")

@@ -1,0 +1,63 @@
+"""Under real FSDP2: torch's ``fully_shard`` over 2 gloo CPU processes, started by ``accelerate launch`` with
+configs/accelerate/fsdp2.yaml. Accelerate 1.15 turns FSDP on only over GPU process groups; the harness lifts that one
+gate on a machine without a GPU (``harness._fsdp_on_cpu``), so Accelerate's FSDP2 ``prepare`` (DTensor-sharded
+parameters, its float32 upcast under mixed precision, its full state dict on save) and TRL's FSDP branches run.
+
+1. DPH-RL (its offline pass in ``__init__`` on the model before FSDP shards it, and the D_pef forward: a second
+   forward through the sharded weights before the step's one backward) trains on 2 FSDP2 processes as on 1 process,
+   within test_equivalence.py's tolerances.
+2. A policy loaded in bf16, with bf16 mixed precision set only by the launcher (the training config says
+   ``bf16: false``; transformers turns it on from ``accelerate launch``): FSDP keeps float32 master weights, so the
+   master-weights rule accepts it (it refused it before it read the launcher's mixed precision), and the weights are
+   trained and saved in float32.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from .test_equivalence import assert_same_run, launch
+
+ROOT = Path(__file__).resolve().parents[2]
+HARNESS = ROOT / "trainers_tests" / "distributed" / "harness.py"
+
+
+def launch_fsdp2(trainer: str, out: Path, port: int, mixed_precision: str = "no", dtype: str = "float64") -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", HARNESS_DTYPE=dtype)
+    env.pop("ACCELERATE_USE_CPU", None)
+    accelerate = Path(sys.executable).parent / "accelerate"
+    proc = subprocess.run([str(accelerate), "launch", "--config_file", str(ROOT / "configs/accelerate/fsdp2.yaml"),
+                           "--num_processes", "2", "--mixed_precision", mixed_precision, "--main_process_port",
+                           str(port), str(HARNESS), trainer, str(out)],
+                          env=env, capture_output=True, text=True, timeout=600, cwd=out.parent)
+    assert proc.returncode == 0 and proc.stdout.count("OK") == 2, proc.stdout[-2000:] + proc.stderr[-4000:]
+    observed = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert all(o["fsdp"] and o["distributed_type"] == "DistributedType.FSDP" for o in observed), observed
+    return observed[0]
+
+
+@pytest.mark.slow
+def test_dph_on_two_fsdp2_processes_trains_as_one_process(tmp_path):
+    launch(1, "dph", tmp_path / "one", 29661)
+    launch_fsdp2("dph", tmp_path / "fsdp2", 29662)
+    assert_same_run(tmp_path / "one", tmp_path / "fsdp2")
+
+
+@pytest.mark.slow
+def test_a_bf16_policy_under_fsdp2_mixed_precision_from_the_launcher_trains_in_float32(tmp_path):
+    launch_fsdp2("erpo", tmp_path / "run", 29663, mixed_precision="bf16", dtype="bfloat16")
+    weights = load_file(str(tmp_path / "run" / "model.safetensors"))
+    start = load_file(str(ROOT / "trl_variants/default/assets/model.safetensors"))
+    assert {w.dtype for w in weights.values()} == {torch.float32}  # FSDP's float32 master weights, saved as such
+    # trained: off the bf16 grid the policy was loaded on (a bf16 weight updated in place stays on it)
+    off_grid = sum((w != w.bfloat16().float()).sum().item() for w in weights.values())
+    assert off_grid > 0.5 * sum(w.numel() for w in weights.values())
+    assert max((weights[k] - start[k]).abs().max().item() for k in start) > 1e-3
+    log = json.loads((tmp_path / "run" / "log_history.json").read_text())
+    assert all(torch.isfinite(torch.tensor(h["loss"])) for h in log if "loss" in h)
