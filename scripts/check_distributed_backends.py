@@ -1,6 +1,7 @@
 """Every trainer on 2 processes under each shipped Accelerate backend config, compared with plain DDP.
 
     python scripts/check_distributed_backends.py [--trainers erpo eepo dph apo] [--backends zero2 zero3 fsdp2]
+    python scripts/check_distributed_backends.py --resume   # resume from a checkpoint under each backend
 
 Runs ``trainers_tests/distributed/harness.py`` (3 optimizer steps, fixed global batch and completions) with
 ``torchrun`` (gloo DDP, the reference) and with ``accelerate launch --config_file configs/accelerate/<backend>.yaml
@@ -38,7 +39,7 @@ def run(cmd, env, log: Path) -> tuple[bool, str]:
     return False, (errors[-1] if errors else text.strip().splitlines()[-1])[:400]
 
 
-def compare(ref: Path, other: Path) -> dict:
+def compare(ref: Path, other: Path, skip: frozenset = frozenset()) -> dict:
     import torch  # noqa: F401  (safetensors.torch needs it)
     from safetensors.torch import load_file
 
@@ -46,7 +47,7 @@ def compare(ref: Path, other: Path) -> dict:
     worst, where = 0.0, None
     for ha, hb in zip(la, lb, strict=True):
         for key, va in ha.items():
-            if key in TIMING:
+            if key in TIMING or key in skip:
                 continue
             diff = abs(va - hb[key]) / max(1e-6, abs(va))
             if diff > worst:
@@ -56,13 +57,78 @@ def compare(ref: Path, other: Path) -> dict:
             "max_metric_rel_diff": worst, "at": where}
 
 
+def metric_cell(row: dict) -> str:
+    if "max_metric_rel_diff" not in row:
+        return ""
+    return f"{row['max_metric_rel_diff']:.2g}" + (f" ({row['at']})" if row["at"] else "")
+
+
+def launch_cmd(backend: str, port: int, trainer: str, run_dir: Path) -> list[str]:
+    if backend == "ddp":
+        return [str(BIN / "torchrun"), "--nproc_per_node", "2", "--master_port", str(port), str(HARNESS), trainer,
+                str(run_dir)]
+    return [str(BIN / "accelerate"), "launch", "--config_file", str(ROOT / "configs" / "accelerate" / f"{backend}.yaml"),
+            "--num_processes", "2", "--mixed_precision", "no", "--main_process_port", str(port), str(HARNESS),
+            trainer, str(run_dir)]
+
+
+def check_resume(args, out: Path) -> None:
+    """``--resume``: under each backend (and DDP), a run that checkpoints every step, and a second run, in new
+    processes, resumed from its checkpoint at step 2: the resumed run's step 3 and final weights against the first's.
+    AdamW, whose moments the checkpoint must carry (plain SGD has no optimizer state to resume)."""
+    work = out / "runs"
+    work.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", HARNESS_DTYPE="float32",
+               HARNESS_OPTIM="adamw_torch")
+    rows, port = [], 29760
+    for trainer in args.trainers:
+        for backend in ["ddp", *args.backends]:
+            first, resumed = work / f"{trainer}-{backend}-checkpoints", work / f"{trainer}-{backend}-resumed"
+            run_env = dict(env, ACCELERATE_USE_CPU="1") if backend == "ddp" else env
+            start = time.time()
+            port += 1
+            ok, error = run(launch_cmd(backend, port, trainer, first), dict(run_env, HARNESS_CHECKPOINTS="1"),
+                            work / f"{first.name}.log")
+            if ok:
+                port += 1
+                checkpoint = first / "trainer" / "checkpoint-2"
+                ok, error = run(launch_cmd(backend, port, trainer, resumed), dict(run_env, HARNESS_RESUME=str(checkpoint)),
+                                work / f"{resumed.name}.log")
+            row = {"trainer": trainer, "backend": backend, "resumed": ok, "error": error,
+                   "seconds": round(time.time() - start)}
+            if ok:  # transformers' summary train_loss averages the steps this run trained (the resumed run: step 3)
+                row.update(compare(first, resumed, skip=frozenset({"train_loss"})))
+                # a run that ignored the checkpoint and trained from step 0 would end the same: count its steps
+                row["steps_run_resumed"] = json.loads((resumed / "rank0.json").read_text())["steps_run"]
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    (out / "resume.json").write_text(json.dumps(rows, indent=1))
+    lines = ["# A run resumed from its step-2 checkpoint against the same run uninterrupted, 2 CPU processes",
+             "", f"Made by `python scripts/check_distributed_backends.py --resume` ({time.strftime('%Y-%m-%d')}); see "
+             "docs/distributed.md. 3 steps, AdamW, float32; the resumed run starts new processes.", "",
+             "| trainer | backend | resumed | steps the resumed run trained | max parameter diff to the uninterrupted "
+             "run | max relative metric diff | error |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        diff = f"{r['max_param_diff']:.2g}" if "max_param_diff" in r else ""
+        metric = metric_cell(r)
+        lines.append(f"| {r['trainer']} | {r['backend']} | {'yes' if r['resumed'] else 'no'} | "
+                     f"{r.get('steps_run_resumed', '')} | {diff} | {metric} | {r['error'].replace('|', '/')} |")
+    (out / "resume.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--trainers", nargs="+", default=["erpo", "eepo", "dph", "apo"])
     parser.add_argument("--backends", nargs="+", default=["zero2", "zero3", "fsdp2"])
+    parser.add_argument("--resume", action="store_true",
+                        help="instead: resume from a checkpoint under each backend (results/distributed/resume.md)")
     parser.add_argument("--out", default=str(ROOT / "results" / "distributed"))
     args = parser.parse_args()
     out = Path(args.out)
+    if args.resume:
+        check_resume(args, out)
+        return
     work = out / "runs"
     work.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", HARNESS_DTYPE="float32")
@@ -71,18 +137,15 @@ def main() -> None:
         ref = work / f"{trainer}-ddp"
         port += 1
         start = time.time()
-        ok, error = run([str(BIN / "torchrun"), "--nproc_per_node", "2", "--master_port", str(port), str(HARNESS),
-                         trainer, str(ref)], dict(env, ACCELERATE_USE_CPU="1"), work / f"{trainer}-ddp.log")
+        ok, error = run(launch_cmd("ddp", port, trainer, ref), dict(env, ACCELERATE_USE_CPU="1"),
+                        work / f"{trainer}-ddp.log")
         rows.append({"trainer": trainer, "backend": "ddp (reference)", "ran": ok, "error": error,
                      "seconds": round(time.time() - start)})
         for backend in args.backends:
             port += 1
             run_dir = work / f"{trainer}-{backend}"
             start = time.time()
-            ok_b, error = run([str(BIN / "accelerate"), "launch", "--config_file",
-                               str(ROOT / "configs" / "accelerate" / f"{backend}.yaml"), "--num_processes", "2",
-                               "--mixed_precision", "no", "--main_process_port", str(port), str(HARNESS), trainer,
-                               str(run_dir)], env, work / f"{trainer}-{backend}.log")
+            ok_b, error = run(launch_cmd(backend, port, trainer, run_dir), env, work / f"{trainer}-{backend}.log")
             row = {"trainer": trainer, "backend": backend, "ran": ok_b, "error": error,
                    "seconds": round(time.time() - start)}
             if ok_b:
@@ -110,7 +173,7 @@ def main() -> None:
              "offline pass identical to DDP's | error |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         diff = f"{r['max_param_diff']:.2g}" if "max_param_diff" in r else ""
-        metric = f"{r['max_metric_rel_diff']:.2g} ({r['at']})" if "max_metric_rel_diff" in r else ""
+        metric = metric_cell(r)
         lines.append(f"| {r['trainer']} | {r['backend']} | {'yes' if r['ran'] else 'no'} | "
                      f"{r.get('distributed_type', '')} | {diff} | {metric} | {r.get('offline_pass_equal', '')} | "
                      f"{r['error'].replace('|', '/')} |")

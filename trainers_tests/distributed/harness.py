@@ -110,6 +110,7 @@ def _phase_callback():
     class Phase(TrainerCallback):
         def on_step_begin(self, args, state, control, **kwargs):
             PHASE["name"], PHASE["seen"], PHASE["round"] = state.global_step, {}, 0
+            PHASE["steps_run"] = PHASE.get("steps_run", 0) + 1  # by this process (a resumed run: only the rest)
 
     return Phase()
 
@@ -294,6 +295,8 @@ def main(name: str, out: str) -> None:
         from peft import LoraConfig
 
         peft["peft_config"] = LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", lora_dropout=0.0)
+    if os.environ.get("HARNESS_CHECKPOINTS") == "1":  # a checkpoint every step, under OUT_DIR/trainer
+        args.save_strategy, args.save_steps = "steps", 1
     trainer = trainer_cls(model=model, reward_funcs=rewards, train_dataset=data, args=args, **peft)
     state = PartialState()
     assert state.num_processes == world, (state.num_processes, world)
@@ -309,7 +312,7 @@ def main(name: str, out: str) -> None:
         parts = [trainer.train_dataset] + ([trainer.pef_dataset] if name != "apo" else [])
         text = json.dumps([part.to_dict() for part in parts], sort_keys=True, default=str)
         observed["offline_pass_digest"] = hashlib.sha256(text.encode()).hexdigest()
-    trainer.train()
+    trainer.train(resume_from_checkpoint=os.environ.get("HARNESS_RESUME") or None)  # a checkpoint of another run
     if name in ("eepo", "composed", "composed_ds"):  # whether EEPO still reads log-probs while generating (no fallback)
         observed["reads_while_generating"] = [p.capture for p in trainer.parts if p.owns_rollout][0]
     if name == "dapo_stream":  # where the refill stream stood at the end, and the rows it read
@@ -319,14 +322,14 @@ def main(name: str, out: str) -> None:
         lazy = trainer._lazy
         observed["lazy_values"] = {str(r): v if math.isfinite(v) else None for r, v in sorted(lazy.values.items())}
         observed["lazy_steps"], observed["lazy_shards"] = lazy.steps, lazy.done
+    observed["steps_run"] = PHASE.get("steps_run", 0)
     (out / f"rank{state.process_index}.json").write_text(json.dumps(observed))
-    # the engine under DeepSpeed (ZeRO-3 gathers the shards), the DDP module otherwise
+    # the engine under DeepSpeed (ZeRO-3 gathers the shards), the DDP module or FSDP's sharded one otherwise
     state_dict = trainer.accelerator.get_state_dict(trainer.model_wrapped)  # collective; the full dict on rank 0
     if state.is_main_process:
         from safetensors.torch import save_file
 
         weights = {k: v.detach().cpu().clone() for k, v in state_dict.items()}
-
         (out / "log_history.json").write_text(json.dumps(trainer.state.log_history))
         save_file(weights, str(out / "model.safetensors"))
     # every rank reaches this point before the group goes (Gloo aborts a process whose peers left first)

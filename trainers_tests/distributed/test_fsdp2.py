@@ -9,7 +9,8 @@ parameters, its float32 upcast under mixed precision, its full state dict on sav
 2. A policy loaded in bf16, with bf16 mixed precision set only by the launcher (the training config says
    ``bf16: false``; transformers turns it on from ``accelerate launch``): FSDP keeps float32 master weights, so the
    master-weights rule accepts it (it refused it before it read the launcher's mixed precision), and the weights are
-   trained and saved in float32.
+   trained and saved in float32. The run checkpoints every step (FSDP's full state dict, AdamW's moments, the
+   trainer's own state); a second launch resumed from step 2 ends with the same weights, bit for bit.
 """
 
 import json
@@ -28,8 +29,9 @@ ROOT = Path(__file__).resolve().parents[2]
 HARNESS = ROOT / "trainers_tests" / "distributed" / "harness.py"
 
 
-def launch_fsdp2(trainer: str, out: Path, port: int, mixed_precision: str = "no", dtype: str = "float64") -> dict:
-    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", HARNESS_DTYPE=dtype)
+def launch_fsdp2(trainer: str, out: Path, port: int, mixed_precision: str = "no", dtype: str = "float64",
+                 **harness_env) -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", HARNESS_DTYPE=dtype, **harness_env)
     env.pop("ACCELERATE_USE_CPU", None)
     accelerate = Path(sys.executable).parent / "accelerate"
     proc = subprocess.run([str(accelerate), "launch", "--config_file", str(ROOT / "configs/accelerate/fsdp2.yaml"),
@@ -50,8 +52,13 @@ def test_dph_on_two_fsdp2_processes_trains_as_one_process(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_bf16_policy_under_fsdp2_mixed_precision_from_the_launcher_trains_in_float32(tmp_path):
-    launch_fsdp2("erpo", tmp_path / "run", 29663, mixed_precision="bf16", dtype="bfloat16")
+def test_a_bf16_policy_under_fsdp2_mixed_precision_from_the_launcher_trains_in_float32_and_resumes(tmp_path):
+    # AdamW: its moments are what a checkpoint has to carry (plain SGD keeps no optimizer state)
+    bf16 = dict(mixed_precision="bf16", dtype="bfloat16", HARNESS_OPTIM="adamw_torch")
+    launch_fsdp2("erpo", tmp_path / "run", 29663, HARNESS_CHECKPOINTS="1", **bf16)
+    resumed_run = launch_fsdp2("erpo", tmp_path / "resumed", 29664,
+                               HARNESS_RESUME=str(tmp_path / "run/trainer/checkpoint-2"), **bf16)
+    assert resumed_run["steps_run"] == 1  # it resumed (a run from step 0 would end with the same weights)
     weights = load_file(str(tmp_path / "run" / "model.safetensors"))
     start = load_file(str(ROOT / "trl_variants/default/assets/model.safetensors"))
     assert {w.dtype for w in weights.values()} == {torch.float32}  # FSDP's float32 master weights, saved as such
@@ -61,3 +68,7 @@ def test_a_bf16_policy_under_fsdp2_mixed_precision_from_the_launcher_trains_in_f
     assert max((weights[k] - start[k]).abs().max().item() for k in start) > 1e-3
     log = json.loads((tmp_path / "run" / "log_history.json").read_text())
     assert all(torch.isfinite(torch.tensor(h["loss"])) for h in log if "loss" in h)
+    resumed = load_file(str(tmp_path / "resumed" / "model.safetensors"))
+    assert all(torch.equal(resumed[k], weights[k]) for k in weights)  # resumed at step 2: the same step 3
+    log_resumed = json.loads((tmp_path / "resumed" / "log_history.json").read_text())
+    assert [h["loss"] for h in log_resumed if "loss" in h] == [h["loss"] for h in log if "loss" in h]

@@ -28,14 +28,19 @@ def test_stage2_logps_read_under_a_static_cache_equal_the_separate_forward(tmp_p
         assert m_read[k] == pytest.approx(m_fwd[k], abs=1e-5), k
 
 
-def test_bf16_compute_says_once_that_stage2_is_scored_in_a_separate_forward(tmp_path):
+def test_bf16_compute_says_once_that_stage2_is_scored_in_a_separate_forward(tmp_path, monkeypatch):
     """With bf16 compute (a GPU run) the default scores stage 2 in a separate forward: said once, naming why and
-    both ways to choose."""
+    both ways to choose. bf16 from `accelerate launch` (its config's mixed_precision) counts as bf16: true does."""
     from ..helpers import small_trainer
 
     with pytest.warns(UserWarning, match=r"not read while generating with bf16 compute.*capture_stage2_logps=True"):
         eepo = small_trainer("eepo", tmp_path / "bf16", bf16=True, max_steps=1)
     assert [p.capture for p in eepo.parts if p.owns_rollout] == [False]
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")
+    with pytest.warns(UserWarning, match=r"not read while generating with bf16 compute"):
+        eepo = small_trainer("eepo", tmp_path / "launched", max_steps=1)
+    assert not eepo.args.bf16 and [p.capture for p in eepo.parts if p.owns_rollout] == [False]
+    monkeypatch.delenv("ACCELERATE_MIXED_PRECISION")
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message="EEPO")
         small_trainer("eepo", tmp_path / "fp32", max_steps=1)  # float32: read while generating, nothing to say

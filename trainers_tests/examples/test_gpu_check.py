@@ -102,6 +102,8 @@ def test_the_training_command_says_where_it_runs(tmp_path, monkeypatch):
                                    "GPU(s): --use_cpu false trains there, see docs/gpu.md)")
     args.deepspeed_plugin = type("Plugin", (), {"zero_stage": 2})()  # what transformers sets under DeepSpeed
     assert where_it_runs(args).startswith("training on cpu, 1 process, DeepSpeed ZeRO-2, fp32 compute")
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")  # a launcher config's mixed_precision, bf16: false here
+    assert where_it_runs(args).startswith("training on cpu, 1 process, DeepSpeed ZeRO-2, bf16 compute")
 
 
 def test_only_and_reps_pick_steps_for_a_benchmark_session():

@@ -75,13 +75,16 @@ def _share_of_step_kept(params, saved, grads, lr: float) -> float | None:
     ``sum g . (saved - p) / (lr sum g^2)``, accumulated in float64 from float32 products. 1 when each weight moved by
     exactly ``-lr g``; below 1 where low-precision weights (bf16 under DeepSpeed ZeRO-1/2) round updates smaller than
     half their spacing away; None for a step with no gradient. The same on every process (the gradients are reduced,
-    the weights are replicas)."""
-    applied = intended = 0.0
+    the weights are replicas). One host transfer per device (the per-tensor float32 sums, summed on the host)."""
+    sums = collections.defaultdict(list)  # device -> [(applied, intended) of each tensor there]
     for p, s, g in zip(params, saved, grads, strict=True):
         if g is not None:
             g32 = g.float()
-            applied += (g32 * (s.float() - p.float())).sum().item()
-            intended += lr * g32.square().sum().item()
+            sums[g.device].append(torch.stack([(g32 * (s.float() - p.float())).sum(), g32.square().sum()]))
+    if not sums:
+        return None
+    total = sum(torch.stack(pairs).cpu().double().sum(0) for pairs in sums.values())
+    applied, intended = total[0].item(), lr * total[1].item()
     return applied / intended if intended > 0 else None
 
 
