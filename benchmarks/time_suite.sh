@@ -16,7 +16,7 @@ status=0
 (cd "$scratch/clone" && CI=true bash .ci/run) > "$scratch/log" 2>&1 || status=$?
 end=$(date +%s.%N)
 mkdir -p "$out"
-tail -n 40 "$scratch/log" > "$out/pytest_tail.log"
+tail -n 90 "$scratch/log" > "$out/pytest_tail.log"
 python3 - "$out" "$start" "$end" "$commit" "$status" <<'PY'
 import json, os, re, sys
 out, start, end, commit, status = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), sys.argv[4], int(sys.argv[5])
