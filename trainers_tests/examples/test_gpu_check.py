@@ -22,15 +22,15 @@ def test_dry_run_lists_every_step_within_the_budget():
     steps = _dry_run()
     names = [name for name, _, _ in steps]
     assert names == [f"smoke_{m}" for m in ("erpo", "eepo", "dph", "apo", "composed", "grpo")] + [
-        "zero2_erpo", "zero2_dph", "zero2_eepo", "main_job", "evaluate", "bench_hf_generate",
-        "bench_continuous_batching"]
+        "zero2_erpo", "zero2_dph", "zero2_eepo", "fsdp2_erpo", "fsdp2_dph", "fsdp2_apo", "main_job", "evaluate",
+        "bench_hf_generate", "bench_continuous_batching"]
     for name, box, cmd in steps:
         assert int(box) <= 480, name  # no step may need more than the whole budget
-        if name.startswith(("smoke_", "zero2_")) or name == "main_job":
+        if name.startswith(("smoke_", "zero2_", "fsdp2_")) or name == "main_job":
             assert "--use_cpu false --bf16 true" in cmd, name  # on the GPU, in bf16
     ports = [shlex.split(cmd)[shlex.split(cmd).index("--main_process_port") + 1] for name, _, cmd in steps
-             if name.startswith("zero2_")]
-    assert len(set(ports)) == 3  # side by side: one rendezvous port each
+             if name.startswith(("zero2_", "fsdp2_"))]
+    assert len(set(ports)) == 6  # side by side: one rendezvous port each
     main = dict((n, c) for n, _, c in steps)["main_job"]
     assert "--max_steps" not in main  # the main job runs to its end
     assert "--continuous_batching" in dict((n, c) for n, _, c in steps)["bench_continuous_batching"]
@@ -44,15 +44,17 @@ def test_dry_run_commands_parse(tmp_path):
     for name, _, cmd in _dry_run("--out", str(tmp_path)):
         argv = shlex.split(cmd)
         assert argv[0] == "python3", name
-        if name.startswith("zero2_"):  # accelerate's launcher with the ZeRO-2 config, then the same command line
-            from accelerate.commands.launch import launch_command_parser
+        if name.startswith(("zero2_", "fsdp2_")):  # accelerate's launcher with the backend's config, then the same
+            from accelerate.commands.launch import launch_command_parser  # command line
 
             launch = launch_command_parser().parse_args(argv[3:])
             assert argv[1:3] == ["-m", "accelerate.commands.launch"] and launch.num_processes == 1, name
-            assert launch.config_file == "configs/accelerate/zero2.yaml" and (ROOT / launch.config_file).is_file()
+            backend = name.split("_")[0]
+            assert launch.config_file == f"configs/accelerate/{backend}.yaml", name
+            assert (ROOT / launch.config_file).is_file()
             assert launch.module and launch.training_script == "trl_variants", name
             argv = ["python3", "-m", "trl_variants", *launch.training_script_args]
-        if name.startswith(("smoke_", "zero2_")) or name == "main_job":
+        if name.startswith(("smoke_", "zero2_", "fsdp2_")) or name == "main_job":
             assert argv[1:4] == ["-m", "trl_variants", "train"], name
             method, flags = argv[4], argv[5:]
             i = flags.index("--use_cpu")  # transformers refuses bf16 without a GPU: parse it as on a CPU here
