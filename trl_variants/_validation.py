@@ -86,6 +86,16 @@ def check_common(config) -> None:
                 "and run the model's own forward only without FSDP (FSDP has not run on a GPU here). Generate with "
                 "vLLM (use_vllm: true), with HF generate (drop use_transformers_continuous_batching), or train under "
                 "DeepSpeed ZeRO")
+        processes = int(os.environ.get("WORLD_SIZE", "1") or 1)  # torchrun and accelerate launch set it
+        if uses_fsdp(config) and processes > 1:
+            raise ValueError(
+                f"{name}.use_transformers_continuous_batching under FSDP with {processes} processes is refused: the "
+                "engine schedules its own forward passes on each process, and under FSDP every forward gathers the "
+                "weights from all processes, so the processes' collectives stop matching (2 CPU processes stopped "
+                "with gloo's 'collective mismatch'; NCCL hangs). HF generate under FSDP steps the processes "
+                "together (synced_gpus). Generate with HF generate (drop use_transformers_continuous_batching), with "
+                "vLLM (use_vllm: true), or train under DeepSpeed ZeRO, whose ZeRO-3 weights TRL gathers before "
+                "generating")
 
 
 def check_cache_dir(value, config: str, field: str) -> None:

@@ -401,3 +401,20 @@ def test_continuous_batching_under_fsdp_with_mixed_precision_is_refused(tmp_path
                                          r"is refused.*use_vllm: true"):
         ERPOConfig(bf16=True, **common)
     ERPOConfig(bf16=False, **common)
+
+
+def test_continuous_batching_under_fsdp_with_several_processes_is_refused(tmp_path, monkeypatch):
+    """The engine runs its own schedule of forward passes on each process; under FSDP each forward gathers weights
+    from every process, so the collectives stop matching. On 2 FSDP2 CPU processes ERPO (float32) stopped inside the
+    engine with gloo's "Is there a distributed collective mismatch" (NCCL would hang). One process has no peers."""
+    from trl_variants import ERPOConfig
+    from trl_variants._validation import check_common
+
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    config = ERPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, use_transformers_continuous_batching=True)
+    monkeypatch.setenv("WORLD_SIZE", "2")  # as torchrun sets it (the check the config's __post_init__ runs)
+    with pytest.raises(ValueError, match=r"ERPOConfig.use_transformers_continuous_batching under FSDP with 2 "
+                                         r"processes is refused.*drop use_transformers_continuous_batching"):
+        check_common(config)
+    monkeypatch.delenv("ACCELERATE_USE_FSDP")
+    check_common(config)  # DDP: every process holds the whole model, nothing is gathered while generating
