@@ -69,6 +69,11 @@ def test_two_processes_train_as_one(tmp_path, trainer, port):
     launch(1, trainer, tmp_path / "one", port)
     launch(2, trainer, tmp_path / "two", port + 1)
     assert_same_run(tmp_path / "one", tmp_path / "two")
+    if trainer == "dph":  # and on 2 FSDP2 processes, against the same 1-process run (test_fsdp2.py says what it covers)
+        from .test_fsdp2 import launch_fsdp2
+
+        launch_fsdp2("dph", tmp_path / "fsdp2", 29662)
+        assert_same_run(tmp_path / "one", tmp_path / "fsdp2")
     if trainer in ("eepo", "composed_ds"):
         ranks = [json.loads((tmp_path / "two" / f"rank{r}.json").read_text()) for r in (0, 1)]
         digests = [r["rollout_model_digests"] for r in ranks]
