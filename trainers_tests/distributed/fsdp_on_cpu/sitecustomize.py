@@ -1,0 +1,21 @@
+"""FSDP over gloo CPU processes for any command started by ``accelerate launch`` with an FSDP config, on a machine
+without a GPU: put this folder first on ``PYTHONPATH`` (Python imports ``sitecustomize`` at start-up), e.g.
+
+    PYTHONPATH=trainers_tests/distributed/fsdp_on_cpu accelerate launch --config_file configs/accelerate/fsdp2.yaml \\
+        --num_processes 2 --mixed_precision no -m trl_variants train erpo --use_cpu false --ddp_backend gloo ...
+
+It applies the distributed harness's ``_fsdp_on_cpu`` (Accelerate 1.15 turns FSDP on only over GPU process groups;
+docs/distributed.md). For testing only: it does nothing where CUDA is available or FSDP was not asked for."""
+
+import os
+import sys
+from pathlib import Path
+
+if os.environ.get("ACCELERATE_USE_FSDP") == "true":
+    import torch
+
+    if not torch.cuda.is_available():
+        sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+        from trainers_tests.distributed.harness import _fsdp_on_cpu
+
+        _fsdp_on_cpu()
