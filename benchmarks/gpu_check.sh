@@ -7,11 +7,11 @@
 #   4. DeepSpeed ZeRO-2 (configs/accelerate/zero2.yaml, one process, bf16 weights with fp32 master copies): erpo, dph
 #      and eepo for a few steps; EEPO's unlearning step edits the bf16 weights there, so the report sets its
 #      eepo/stage1_logp_change and eepo/unlearning_step_kept beside the fp32-weight smoke run's (skipped where
-#      deepspeed is not installed); FSDP2 (configs/accelerate/fsdp2.yaml, one process): erpo, dph and apo
+#      deepspeed is not installed); FSDP2 (configs/accelerate/fsdp2.yaml, one process): erpo, dph, eepo and apo
 #   5. benchmarks/bench_trainers.py --gpu on a Qwen2.5-0.5B-shaped model (random weights), with HF generate, then
 #      with transformers' continuous batching (the per-regime speed targets, results/gpu/bench_*.md)
-# Each step has its own time box, cut to what is left of the budget (the smoke, ZeRO-2 and FSDP2 runs go side by side
-# first, within their own boxes of 60-90 s); a step that did not fit is written down as skipped. The slowest and
+# Each step has its own time box, cut to what is left of the budget (the smoke and ZeRO-2 runs go side by side first,
+# then the FSDP2 runs, within their own boxes of 60-90 s); a step that did not fit is written down as skipped. The slowest and
 # least certain steps come last.
 #
 #   bash benchmarks/gpu_check.sh --dry-run            # print the commands it would run, run nothing
@@ -92,9 +92,9 @@ for m in erpo dph eepo; do
     port=$((port + 1))
 done
 # FSDP2 on one GPU (configs/accelerate/fsdp2.yaml: bf16 mixed precision, float32 master weights; Accelerate starts it
-# through torchrun even for one process), side by side too; no extra wheel needed
+# through torchrun even for one process), side by side after the first wave; no extra wheel needed
 FSDP2="$PY -m accelerate.commands.launch --config_file configs/accelerate/fsdp2.yaml --num_processes 1"
-for m in erpo dph apo; do
+for m in erpo dph eepo apo; do
     STEPS+=("fsdp2_$m|90|$FSDP2 --main_process_port $port -m trl_variants train $m $SMOKE_FLAGS --output_dir $WORK/fsdp2-$m")
     port=$((port + 1))
 done
@@ -184,8 +184,8 @@ run_step() {
     [ "$rc" -eq 0 ] || { echo; echo "### $name: last lines"; echo '```'; tail -n 25 "$WORK/logs/$name.log"; echo '```'; } > "$WORK/logs/$name.failure"
 }
 
-# The smoke, ZeRO-2 and FSDP2 runs (tiny model, a few steps; their speed is not measured) run side by side; the rest
-# one at a time.
+# The smoke and ZeRO-2 runs (tiny model, a few steps; their speed is not measured) run side by side, then the FSDP2
+# runs; the rest one at a time.
 for step in "${STEPS[@]}"; do
     IFS='|' read -r name box cmd <<< "$step"
     case $name in
@@ -194,8 +194,14 @@ for step in "${STEPS[@]}"; do
                      continue
                  fi
                  run_step "$name" "$box" "$cmd" & ;;
-        smoke_*|fsdp2_*) run_step "$name" "$box" "$cmd" & ;;
+        smoke_*) run_step "$name" "$box" "$cmd" & ;;
     esac
+done
+wait
+# FSDP2 next, side by side among themselves (three more torchrun-started processes would crowd the first wave)
+for step in "${STEPS[@]}"; do
+    IFS='|' read -r name box cmd <<< "$step"
+    case $name in fsdp2_*) run_step "$name" "$box" "$cmd" & ;; esac
 done
 wait
 for step in "${STEPS[@]}"; do

@@ -1,7 +1,8 @@
 """Every trainer on 2 processes under each shipped Accelerate backend config, compared with plain DDP.
 
     python scripts/check_distributed_backends.py [--trainers erpo eepo dph apo] [--backends zero2 zero3 fsdp2]
-    python scripts/check_distributed_backends.py --resume   # resume from a checkpoint under each backend
+    python scripts/check_distributed_backends.py --resume [--trainers erpo eepo dph apo dph_peft]  # resume from a
+                                                         # checkpoint under each backend (and DDP)
 
 Runs ``trainers_tests/distributed/harness.py`` (3 optimizer steps, fixed global batch and completions) with
 ``torchrun`` (gloo DDP, the reference) and with ``accelerate launch --config_file configs/accelerate/<backend>.yaml
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -102,7 +104,16 @@ def check_resume(args, out: Path) -> None:
                 row["steps_run_resumed"] = json.loads((resumed / "rank0.json").read_text())["steps_run"]
             rows.append(row)
             print(json.dumps(row), flush=True)
-    (out / "resume.json").write_text(json.dumps(rows, indent=1))
+            for run_dir in (first, resumed):  # the checkpoints (hundreds of MB); logs and final weights stay
+                shutil.rmtree(run_dir / "trainer", ignore_errors=True)
+    previous = out / "resume.json"
+    if previous.exists():  # keep the rows of (trainer, backend) pairs not run this time
+        ran = {(r["trainer"], r["backend"]) for r in rows}
+        rows = [r for r in json.loads(previous.read_text()) if (r["trainer"], r["backend"]) not in ran] + rows
+        order = {"erpo": 0, "eepo": 1, "dph": 2, "apo": 3}
+        backends = {"ddp": 0, "zero2": 1, "zero3": 2, "fsdp2": 3}
+        rows.sort(key=lambda r: (order.get(r["trainer"], 9), r["trainer"], backends.get(r["backend"], 9)))
+    previous.write_text(json.dumps(rows, indent=1))
     lines = ["# A run resumed from its step-2 checkpoint against the same run uninterrupted, 2 CPU processes",
              "", f"Made by `python scripts/check_distributed_backends.py --resume` ({time.strftime('%Y-%m-%d')}); see "
              "docs/distributed.md. 3 steps, AdamW, float32; the resumed run starts new processes.", "",

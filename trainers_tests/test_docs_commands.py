@@ -87,6 +87,7 @@ def test_doc_command_parses(where, command, tmp_path, monkeypatch):
             return
         if "--ddp_backend" in flags:  # a process group's backend: this one process has none to set up
             j = flags.index("--ddp_backend")
+            assert flags[j + 1] in ("nccl", "gloo", "mpi", "ccl", "hccl", "cncl", "mccl", "xccl"), where
             flags = flags[:j] + flags[j + 2:]
         if "--use_cpu" in flags:
             flags[flags.index("--use_cpu") + 1] = "true"

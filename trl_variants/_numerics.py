@@ -76,12 +76,17 @@ def uses_fsdp(args) -> bool:
 
 
 def mixed_precision(args) -> str | None:
-    """The run's mixed precision, "bf16" or "fp16" (None without): the config's ``bf16`` / ``fp16``, or else, as
-    transformers' TrainingArguments reads it, ``accelerate launch``'s (its config file's ``mixed_precision``)."""
-    if args.bf16 or args.fp16:
-        return "bf16" if args.bf16 else "fp16"
-    launched = os.environ.get("ACCELERATE_MIXED_PRECISION", "no").strip().lower()
-    return launched if launched in ("bf16", "fp16") else None
+    """The run's low-precision compute, "bf16" or "fp16" (None without), as transformers' TrainingArguments resolves
+    it: the config's ``fp16`` / ``bf16``, or else ``accelerate launch``'s (its config file's ``mixed_precision``,
+    ``ACCELERATE_MIXED_PRECISION``; transformers keeps it as ``args.mixed_precision``). fp8 counts as bf16: Accelerate
+    runs the rest of the model in bf16 autocast there, and FSDP keeps float32 master weights."""
+    if args.fp16 or args.bf16:
+        return "fp16" if args.fp16 else "bf16"
+    for value in (getattr(args, "mixed_precision", None), os.environ.get("ACCELERATE_MIXED_PRECISION")):
+        value = str(value or "no").strip().lower()
+        if value in ("bf16", "fp16", "fp8"):
+            return "bf16" if value == "fp8" else value
+    return None
 
 
 def has_master_weights(args) -> bool:

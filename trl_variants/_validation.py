@@ -72,6 +72,14 @@ def check_common(config) -> None:
         e = getattr(config, field, None)
         if e is not None and not (math.isfinite(_num(e)) and _num(e) >= 0):
             bad(field, e, "a finite number >= 0", "it is the PPO clipping range, e.g. 0.2")
+    launched = os.environ.get("ACCELERATE_MIXED_PRECISION", "no").strip().lower()
+    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true" and launched in ("bf16", "fp16") \
+            and not (config.bf16 or config.fp16):
+        raise ValueError(
+            f"{name}: the launcher's DeepSpeed config runs {launched} (accelerate launch: mixed_precision {launched}) "
+            f"but {name}.{launched} is false, which transformers refuses only inside train(), after the model loads "
+            f"and the offline pass has run (a DeepSpeed config mismatch): set --{launched} true, or launch with "
+            "--mixed_precision no")
     if getattr(config, "use_transformers_continuous_batching", False):  # TRL's generate_batch path drops them
         from .generation import check_continuous_batching
 
@@ -86,7 +94,9 @@ def check_common(config) -> None:
                 "and run the model's own forward only without FSDP (FSDP has not run on a GPU here). Generate with "
                 "vLLM (use_vllm: true), with HF generate (drop use_transformers_continuous_batching), or train under "
                 "DeepSpeed ZeRO")
-        processes = int(os.environ.get("WORLD_SIZE", "1") or 1)  # torchrun and accelerate launch set it
+        from accelerate.utils import get_int_from_env
+
+        processes = get_int_from_env(["WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE"], 1)
         if uses_fsdp(config) and processes > 1:
             raise ValueError(
                 f"{name}.use_transformers_continuous_batching under FSDP with {processes} processes is refused: the "

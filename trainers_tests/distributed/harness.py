@@ -153,6 +153,9 @@ def _fsdp_on_cpu() -> None:
     import accelerate.state as state
     from accelerate.utils import DistributedType
 
+    if getattr(state.AcceleratorState, "_fsdp_on_cpu", False):  # applied already (sitecustomize, then the harness)
+        return
+    state.AcceleratorState._fsdp_on_cpu = True
     prepare_backend, init = state.PartialState._prepare_backend, state.AcceleratorState.__init__
 
     def cpu_backend(self, cpu=False, sagemaker_dp=False, backend=None):
@@ -252,6 +255,7 @@ def _watch_eepo_rollout_models(trainer, observed: dict) -> None:
         if toggle["unlearned"]:
             h = hashlib.sha256()
             for p in trainer.accelerator.unwrap_model(trainer.model).parameters():
+                p = p.full_tensor() if hasattr(p, "full_tensor") else p  # FSDP2: gathered (every rank is here)
                 h.update(p.detach().cpu().numpy().tobytes())
             digests.append(h.hexdigest())
         sync()

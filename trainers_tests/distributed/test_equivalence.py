@@ -69,11 +69,15 @@ def test_two_processes_train_as_one(tmp_path, trainer, port):
     launch(1, trainer, tmp_path / "one", port)
     launch(2, trainer, tmp_path / "two", port + 1)
     assert_same_run(tmp_path / "one", tmp_path / "two")
-    if trainer == "dph":  # and on 2 FSDP2 processes, against the same 1-process run (test_fsdp2.py says what it covers)
-        from .test_fsdp2 import launch_fsdp2
+    if trainer in ("dph", "eepo"):  # and on 2 FSDP2 processes, against the same 1-process run (test_fsdp2.py says
+        from .test_fsdp2 import launch_fsdp2  # what it covers)
 
-        launch_fsdp2("dph", tmp_path / "fsdp2", 29662)
+        fsdp2 = launch_fsdp2(trainer, tmp_path / "fsdp2", {"dph": 29662, "eepo": 29665}[trainer])
         assert_same_run(tmp_path / "one", tmp_path / "fsdp2")
+        if trainer == "eepo":  # each rank sampled stage 2 from the same unlearned model (its gathered shards)
+            other = json.loads((tmp_path / "fsdp2" / "rank1.json").read_text())
+            assert len(fsdp2["rollout_model_digests"]) == 3 and fsdp2["rollout_model_digests"] == other[
+                "rollout_model_digests"]
     if trainer in ("eepo", "composed_ds"):
         ranks = [json.loads((tmp_path / "two" / f"rank{r}.json").read_text()) for r in (0, 1)]
         digests = [r["rollout_model_digests"] for r in ranks]

@@ -4,9 +4,10 @@ gate on a machine without a GPU (``harness._fsdp_on_cpu``), so Accelerate's FSDP
 parameters, its float32 upcast under mixed precision, its full state dict on save) and TRL's FSDP branches run.
 
 1. DPH-RL (its offline pass in ``__init__`` on the model before FSDP shards it, and the D_pef forward: a second
-   forward through the sharded weights before the step's one backward) trains on 2 FSDP2 processes as on 1 process,
-   within test_equivalence.py's tolerances: asserted in ``test_equivalence.py``'s DPH-RL case, which has the 1-process
-   run already (``launch_fsdp2`` below).
+   forward through the sharded weights before the step's one backward) and EEPO (its unlearning step on the shards:
+   FSDP's own backward, the step on each shard, the full weights gathered again for stage 2) train on 2 FSDP2
+   processes as on 1 process, within test_equivalence.py's tolerances: asserted in ``test_equivalence.py``'s DPH-RL
+   and EEPO cases, which have the 1-process runs already (``launch_fsdp2`` below).
 2. A policy loaded in bf16, with bf16 mixed precision set only by the launcher (the training config says
    ``bf16: false``; transformers turns it on from ``accelerate launch``): FSDP keeps float32 master weights, so the
    master-weights rule accepts it (it refused it before it read the launcher's mixed precision), and the weights are

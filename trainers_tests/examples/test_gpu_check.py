@@ -22,7 +22,8 @@ def test_dry_run_lists_every_step_within_the_budget():
     steps = _dry_run()
     names = [name for name, _, _ in steps]
     assert names == [f"smoke_{m}" for m in ("erpo", "eepo", "dph", "apo", "composed", "grpo")] + [
-        "zero2_erpo", "zero2_dph", "zero2_eepo", "fsdp2_erpo", "fsdp2_dph", "fsdp2_apo", "main_job", "evaluate",
+        "zero2_erpo", "zero2_dph", "zero2_eepo", "fsdp2_erpo", "fsdp2_dph", "fsdp2_eepo", "fsdp2_apo", "main_job",
+        "evaluate",
         "bench_hf_generate", "bench_continuous_batching"]
     for name, box, cmd in steps:
         assert int(box) <= 480, name  # no step may need more than the whole budget
@@ -30,7 +31,7 @@ def test_dry_run_lists_every_step_within_the_budget():
             assert "--use_cpu false --bf16 true" in cmd, name  # on the GPU, in bf16
     ports = [shlex.split(cmd)[shlex.split(cmd).index("--main_process_port") + 1] for name, _, cmd in steps
              if name.startswith(("zero2_", "fsdp2_"))]
-    assert len(set(ports)) == 6  # side by side: one rendezvous port each
+    assert len(set(ports)) == 7  # side by side: one rendezvous port each
     main = dict((n, c) for n, _, c in steps)["main_job"]
     assert "--max_steps" not in main  # the main job runs to its end
     assert "--continuous_batching" in dict((n, c) for n, _, c in steps)["bench_continuous_batching"]
@@ -104,8 +105,10 @@ def test_the_training_command_says_where_it_runs(tmp_path, monkeypatch):
                                    "GPU(s): --use_cpu false trains there, see docs/gpu.md)")
     args.deepspeed_plugin = type("Plugin", (), {"zero_stage": 2})()  # what transformers sets under DeepSpeed
     assert where_it_runs(args).startswith("training on cpu, 1 process, DeepSpeed ZeRO-2, fp32 compute")
+    del args.deepspeed_plugin
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
     monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")  # a launcher config's mixed_precision, bf16: false here
-    assert where_it_runs(args).startswith("training on cpu, 1 process, DeepSpeed ZeRO-2, bf16 compute")
+    assert where_it_runs(args).startswith("training on cpu, 1 process, FSDP, bf16 compute")
 
 
 def test_only_and_reps_pick_steps_for_a_benchmark_session():

@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from trl_variants._numerics import check_master_weights, has_master_weights
+from trl_variants._numerics import check_master_weights, has_master_weights, mixed_precision
 
 from ..helpers import DEFAULT_MODEL_PATH, TRAINERS, small_config, small_trainer
 
@@ -83,7 +83,6 @@ def test_the_rule_reads_the_launchers_mixed_precision(tmp_path, monkeypatch):
     ``bf16: false`` in the training config (transformers reads ACCELERATE_MIXED_PRECISION), and FSDP / DeepSpeed then
     keep float32 master weights: the rule must accept a bf16 policy there (real FSDP2: distributed/test_fsdp2.py)."""
     from trl_variants import ERPOConfig
-    from trl_variants._numerics import mixed_precision
 
     args = small_config(ERPOConfig, tmp_path, model_init_kwargs={"dtype": "bfloat16"}, low_precision_weights="refuse")
     assert not args.bf16 and mixed_precision(args) is None
@@ -97,6 +96,28 @@ def test_the_rule_reads_the_launchers_mixed_precision(tmp_path, monkeypatch):
     monkeypatch.delenv("ACCELERATE_USE_FSDP")
     with pytest.raises(ValueError, match="would train bfloat16 weights"):  # plain DDP with bf16 autocast: none
         check_master_weights(DEFAULT_MODEL_PATH, args, "ERPOTrainer")
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "fp8")  # fp8 runs the rest in bf16, FSDP keeps master weights
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    assert mixed_precision(args) == "bf16" and has_master_weights(args)
+
+
+def test_deepspeed_bf16_from_the_launcher_only_is_refused_before_anything_loads(tmp_path, monkeypatch):
+    """transformers refuses a DeepSpeed config running bf16 (accelerate launch's mixed_precision) under a training
+    config with bf16 off, but only inside train(), after the model load and the offline pass: refused up front."""
+    from trl_variants import ERPOConfig
+    from trl_variants._validation import check_common
+
+    config = small_config(ERPOConfig, tmp_path)  # the check ERPOConfig.__post_init__ runs first (no deepspeed here)
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")
+    with pytest.raises(ValueError, match=r"runs bf16 .* ERPOConfig\.bf16 is false.*--bf16 true, or launch with "
+                                         r"--mixed_precision no"):
+        check_common(config)
+    config.bf16 = True
+    check_common(config)
+    config.bf16 = False
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "no")
+    check_common(config)
 
 
 

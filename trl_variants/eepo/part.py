@@ -16,9 +16,10 @@ For each group of G completions, in place of GRPO's sampling of the batch (the p
 5. restore the weights bit for bit; then GRPO's update on all G completions as usual, each row's old log-probs (and,
    with vLLM, its sampler/trainer importance-sampling correction) taken against the weights that sampled it.
 
-The temporary gradient is taken with ``torch.autograd.grad`` on the unwrapped module (nothing is accumulated into
-``.grad``, no DDP hook fires, the optimizer never sees it), of this process's share of the mean over ALL stage-1
-sequences of the global batch, and summed over processes: every process applies the same step (docs/distributed.md).
+The temporary gradient is that of this process's share of the mean over ALL stage-1 sequences of the global batch,
+summed over processes, so every process applies the same step (docs/distributed.md): ``torch.autograd.grad`` on the
+unwrapped module (nothing is accumulated into ``.grad``, no DDP hook fires, the optimizer never sees it), or under
+FSDP2 FSDP's own backward into the shards' ``.grad``, put back afterwards (:func:`_unlearning_gradient`).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from trl.trainer.utils import nanmax, nanmin
 
 from .. import losses
 from .._model import is_peft_model, params_sharded
-from .._numerics import mixed_precision
+from .._numerics import _local, mixed_precision
 from ..parts import Part, register_part
 from .losses import vllm_importance_sampling_ratio
 
@@ -70,22 +71,63 @@ def _rollout_is_logged(trainer) -> bool:
     return (args.logging_first_step and step == 0) or any((step + k) % every == 0 for k in range(1, fed + 1))
 
 
-def _share_of_step_kept(params, saved, grads, lr: float) -> float | None:
+def _share_of_step_kept(params, saved, grads, lr: float, reduce=None) -> float | None:
     """The share of the unlearning step's first-order effect on the loss that the weights kept:
     ``sum g . (saved - p) / (lr sum g^2)``, accumulated in float64 from float32 products. 1 when each weight moved by
     exactly ``-lr g``; below 1 where low-precision weights (bf16 under DeepSpeed ZeRO-1/2) round updates smaller than
-    half their spacing away; None for a step with no gradient. The same on every process (the gradients are reduced,
-    the weights are replicas). One host transfer per device (the per-tensor float32 sums, summed on the host)."""
+    half their spacing away; None for a step with no gradient. The same on every process: the gradients are reduced
+    and the weights are replicas, or (FSDP2) each process sums its own shards and ``reduce`` sums the processes'.
+    One host transfer per device (the per-tensor float32 sums, summed on the host)."""
     sums = collections.defaultdict(list)  # device -> [(applied, intended) of each tensor there]
     for p, s, g in zip(params, saved, grads, strict=True):
         if g is not None:
-            g32 = g.float()
-            sums[g.device].append(torch.stack([(g32 * (s.float() - p.float())).sum(), g32.square().sum()]))
-    if not sums:
-        return None
-    total = sum(torch.stack(pairs).cpu().double().sum(0) for pairs in sums.values())
+            p, s, g32 = _local(p), _local(s), _local(g).float()
+            sums[g32.device].append(torch.stack([(g32 * (s.float() - p.float())).sum(), g32.square().sum()]))
+    total = sum((torch.stack(pairs).cpu().double().sum(0) for pairs in sums.values()), torch.zeros(2, dtype=torch.float64))
+    if reduce is not None:
+        total = reduce(total)
     applied, intended = total[0].item(), lr * total[1].item()
     return applied / intended if intended > 0 else None
+
+
+def _fsdp2(trainer) -> bool:
+    """Whether the policy is sharded by FSDP2 (``fully_shard``: DTensor parameters, each process holding a shard)."""
+    plugin = getattr(trainer.accelerator.state, "fsdp_plugin", None)
+    return bool(trainer.is_fsdp_enabled) and plugin is not None and plugin.fsdp_version == 2
+
+
+def _unlearning_gradient(trainer, u, params) -> list:
+    """The gradient of ``u`` (this process's share of the global loss) summed over processes, one entry per
+    parameter (None where unused), without touching what the optimizer sees.
+
+    DDP, ZeRO-1/2, one process: ``torch.autograd.grad`` on the unwrapped module (nothing accumulates into ``.grad``,
+    no DDP hook fires), then a sum over processes. FSDP2: the forward ran on weights all-gathered from the shards,
+    so the gradient reaches each sharded parameter only through FSDP's own backward, which reduce-scatters it into
+    ``.grad`` as the mean over processes: the step runs ``backward``, takes each shard's gradient times the number of
+    processes (the sum), and puts back whatever ``.grad`` held before (None at the start of an accumulation cycle)."""
+    if not _fsdp2(trainer):
+        return [g if g is None else trainer.accelerator.reduce(g, "sum")
+                for g in torch.autograd.grad(u, params, allow_unused=True)]
+    held = [p.grad for p in params]
+    for p in params:
+        p.grad = None
+    u.backward()
+    world = trainer.accelerator.num_processes
+    grads = [None if p.grad is None else p.grad.detach() * world for p in params]
+    for p, g in zip(params, held, strict=True):
+        p.grad = g
+    return grads
+
+
+def _drop_gathered_weights(trainer, model) -> None:
+    """FSDP2: free the full weights a module still holds from its last forward (the root module keeps them after a
+    forward, for the backward it expects), so that the next forward gathers the shards as they are now."""
+    if _fsdp2(trainer):
+        from torch.distributed.fsdp import FSDPModule
+
+        for module in model.modules():
+            if isinstance(module, FSDPModule):
+                module.reshard()
 
 
 class _LogpsWhileGenerating(contextlib.AbstractContextManager):
@@ -248,9 +290,9 @@ class TwoStageRollout(Part):
 
     def setup(self, trainer) -> None:
         args = trainer.args
-        if args.entropy_gate != "never" and params_sharded(trainer):
-            raise ValueError("EEPO's unlearning step edits full parameters in place: it supports DDP, ZeRO-1/2 and "
-                             "PEFT, not ZeRO-3 or FSDP (use zero2.yaml, or entropy_gate='never')")
+        if args.entropy_gate != "never" and params_sharded(trainer) and not _fsdp2(trainer):
+            raise ValueError("EEPO's unlearning step edits the parameters in place: it supports DDP, ZeRO-1/2, FSDP2 "
+                             "and PEFT, not ZeRO-3 or FSDP1 (use zero2.yaml or fsdp2.yaml, or entropy_gate='never')")
         self.window = args.entropy_window
         self.entropy_history = collections.deque(maxlen=self.window)
         self.pending_old_logps = None  # per row, set by an unlearning rollout
@@ -316,14 +358,14 @@ class TwoStageRollout(Part):
         if logps1 is None:  # the gate was read while generating: the forward with grad only now that it is needed
             with torch.enable_grad():
                 logps1, _, mask1 = trainer._score(model, p1, c1)
-        params = [p for p in model.parameters() if p.requires_grad]
+        _drop_gathered_weights(trainer, model)  # FSDP2: the parameters as the shards (a module holds full ones after
+        params = [p for p in model.parameters() if p.requires_grad]  # a forward; the backward gathers them again)
         snapshot = [p.detach().clone() for p in params]
         seq_terms, has_tokens = losses.unlearning_sequence_terms(
             logps1, mask1, trainer.args.unlearning_eps_low, trainer.args.unlearning_eps_high)
         n_sequences = trainer.accelerator.reduce(has_tokens.sum().to(seq_terms.dtype).detach(), "sum").clamp(min=1.0)
         u = (seq_terms * has_tokens).sum() / n_sequences  # this process's share of the global mean
-        grads = [g if g is None else trainer.accelerator.reduce(g, "sum")
-                 for g in torch.autograd.grad(u, params, allow_unused=True)]
+        grads = _unlearning_gradient(trainer, u, params)
         before1 = logps1.detach()  # stage-1 log-probs under the policy: the stage-1 old log-probs
         del logps1
         measure_drop = _rollout_is_logged(trainer)
@@ -332,8 +374,12 @@ class TwoStageRollout(Part):
                 for p, g in zip(params, grads, strict=True):
                     if g is not None:
                         p.sub_(trainer.args.unlearning_lr * g)
-                kept = _share_of_step_kept(params, snapshot, grads, trainer.args.unlearning_lr) if measure_drop else None
+                reduce = (lambda t: trainer.accelerator.reduce(t.to(trainer.accelerator.device), "sum").cpu()) \
+                    if _fsdp2(trainer) else None
+                kept = _share_of_step_kept(params, snapshot, grads, trainer.args.unlearning_lr, reduce) \
+                    if measure_drop else None
             del grads
+            _drop_gathered_weights(trainer, model)
             trainer._sync_vllm()
             # 4. stage 2 from the unlearned rollout model, scored under it (its old log-probs and entropy): read
             #    while generating, or in a separate forward; on rollouts that will be logged stage 1 is re-scored
@@ -353,6 +399,7 @@ class TwoStageRollout(Part):
             with torch.no_grad():
                 for p, saved in zip(params, snapshot, strict=True):
                     p.copy_(saved)
+            _drop_gathered_weights(trainer, model)
             trainer._sync_vllm()
         if captured is None:  # rows [:n2] of the forward are stage 2 (columns past their completions are masked out)
             n2 = len(p2)

@@ -114,12 +114,12 @@ def where_it_runs(training_args) -> str:
 
     device = training_args.device
     name = (f"{device} ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else str(device))
-    from .._numerics import mixed_precision
+    from .._numerics import mixed_precision, uses_fsdp
 
     precision = mixed_precision(training_args) or "fp32"
     plugin = getattr(training_args, "deepspeed_plugin", None)  # set by transformers under DeepSpeed
     engine = (f"DeepSpeed ZeRO-{plugin.zero_stage}, " if plugin is not None
-              else "FSDP, " if os.environ.get("ACCELERATE_USE_FSDP", "false").lower() in ("1", "true") else "")
+              else "FSDP, " if uses_fsdp(training_args) else "")
     line = (f"training on {name}, {training_args.world_size} process{'es' if training_args.world_size > 1 else ''}, "
             f"{engine}{precision} compute")
     if training_args.use_cpu and torch.cuda.is_available():
