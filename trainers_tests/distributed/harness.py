@@ -179,7 +179,8 @@ def _config(name: str, world: int, out: Path):
     from trl_variants import APOConfig, ComposedConfig, DPHConfig, EEPOConfig, ERPOConfig
     from trl_variants.composed import PART_NAMES
 
-    per_device = GLOBAL_ROWS // world
+    accumulation = int(os.environ.get("HARNESS_GA", "1"))  # gradient accumulation steps (the global batch is kept)
+    per_device = GLOBAL_ROWS // world // accumulation
     # use_cpu makes Accelerate pick plain gloo DDP: under `accelerate launch` with a DeepSpeed or FSDP config it has
     # to go, so that the launcher's backend is the one that runs (on a machine without a GPU it runs on the CPU)
     launcher_backend = "true" in (os.environ.get("ACCELERATE_USE_DEEPSPEED"), os.environ.get("ACCELERATE_USE_FSDP"))
@@ -187,6 +188,7 @@ def _config(name: str, world: int, out: Path):
     if launcher_backend and not torch.cuda.is_available():
         cpu["ddp_backend"] = "gloo"  # without it Accelerate finds no backend on a CPU-only machine: N lone processes
     common = dict(cpu, output_dir=str(out / "trainer"), per_device_train_batch_size=per_device,
+                  gradient_accumulation_steps=accumulation,
                   max_completion_length=24, learning_rate=LR, max_steps=MAX_STEPS, logging_steps=1, optim=OPTIM,
                   temperature=3.0)  # the toy model is so peaked that at 1.0-1.5 whole groups sample one completion
     def rehearsal(base):  # DPH-RL's rehearsal as every variant here sets it, on 40-token completions

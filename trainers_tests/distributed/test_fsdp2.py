@@ -7,7 +7,8 @@ parameters, its float32 upcast under mixed precision, its full state dict on sav
    forward through the sharded weights before the step's one backward) and EEPO (its unlearning step on the shards:
    FSDP's own backward, the step on each shard, the full weights gathered again for stage 2) train on 2 FSDP2
    processes as on 1 process, within test_equivalence.py's tolerances: asserted in ``test_equivalence.py``'s DPH-RL
-   and EEPO cases, which have the 1-process runs already (``launch_fsdp2`` below).
+   and EEPO cases, which have the 1-process runs already (``launch_fsdp2`` below). EEPO's step also holds within
+   gradient accumulation (below).
 2. A policy loaded in bf16, with bf16 mixed precision set only by the launcher (the training config says
    ``bf16: false``; transformers turns it on from ``accelerate launch``): FSDP keeps float32 master weights, so the
    master-weights rule accepts it (it refused it before it read the launcher's mixed precision), and the weights are
@@ -65,3 +66,15 @@ def test_a_bf16_policy_under_fsdp2_mixed_precision_from_the_launcher_trains_in_f
     assert all(torch.equal(resumed[k], weights[k]) for k in weights)  # resumed at step 2: the same step 3
     log_resumed = json.loads((tmp_path / "resumed" / "log_history.json").read_text())
     assert [h["loss"] for h in log_resumed if "loss" in h] == [h["loss"] for h in log if "loss" in h]
+
+
+@pytest.mark.slow
+def test_eepo_under_fsdp2_unlearns_inside_gradient_accumulation(tmp_path):
+    """With gradient accumulation a rollout starts a cycle inside Accelerate's no_sync, where FSDP keeps gradients
+    unreduced in its own buffers: the unlearning step then found no gradient on the shards, did nothing (stage-1
+    change 0, no step measured) and left its gradient to join the training step's. Now it reduces its own backward."""
+    launch_fsdp2("eepo", tmp_path / "run", 29666, HARNESS_GA="2")
+    log = [h for h in json.loads((tmp_path / "run" / "log_history.json").read_text()) if "loss" in h]
+    assert len(log) == 3
+    assert all(h["eepo/stage1_logp_change"] < -0.01 for h in log), log  # the step lowered stage 1's log-probs
+    assert all(h["eepo/unlearning_step_kept"] == pytest.approx(1.0, abs=1e-4) for h in log)  # float32: kept whole

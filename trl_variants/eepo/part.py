@@ -19,7 +19,7 @@ For each group of G completions, in place of GRPO's sampling of the batch (the p
 The temporary gradient is that of this process's share of the mean over ALL stage-1 sequences of the global batch,
 summed over processes, so every process applies the same step (docs/distributed.md): ``torch.autograd.grad`` on the
 unwrapped module (nothing is accumulated into ``.grad``, no DDP hook fires, the optimizer never sees it), or under
-FSDP2 FSDP's own backward into the shards' ``.grad``, put back afterwards (:func:`_unlearning_gradient`).
+FSDP2 FSDP's own backward into the shards' ``.grad``, put back afterwards (:func:`unlearning_gradient`).
 """
 
 from __future__ import annotations
@@ -33,9 +33,10 @@ from trl.trainer.utils import nanmax, nanmin
 
 from .. import losses
 from .._model import is_peft_model, params_sharded
-from .._numerics import _local, mixed_precision
+from .._numerics import mixed_precision
 from ..parts import Part, register_part
 from .losses import vllm_importance_sampling_ratio
+from .unlearning import drop_gathered_weights, fsdp2_sharded, share_of_step_kept, unlearning_gradient
 
 
 def _interleave(idx1, idx2, a1, a2, b1, b2):
@@ -69,65 +70,6 @@ def _rollout_is_logged(trainer) -> bool:
     step = trainer.state.global_step
     fed = max(1, args.steps_per_generation * args.num_iterations // args.gradient_accumulation_steps)
     return (args.logging_first_step and step == 0) or any((step + k) % every == 0 for k in range(1, fed + 1))
-
-
-def _share_of_step_kept(params, saved, grads, lr: float, reduce=None) -> float | None:
-    """The share of the unlearning step's first-order effect on the loss that the weights kept:
-    ``sum g . (saved - p) / (lr sum g^2)``, accumulated in float64 from float32 products. 1 when each weight moved by
-    exactly ``-lr g``; below 1 where low-precision weights (bf16 under DeepSpeed ZeRO-1/2) round updates smaller than
-    half their spacing away; None for a step with no gradient. The same on every process: the gradients are reduced
-    and the weights are replicas, or (FSDP2) each process sums its own shards and ``reduce`` sums the processes'.
-    One host transfer per device (the per-tensor float32 sums, summed on the host)."""
-    sums = collections.defaultdict(list)  # device -> [(applied, intended) of each tensor there]
-    for p, s, g in zip(params, saved, grads, strict=True):
-        if g is not None:
-            p, s, g32 = _local(p), _local(s), _local(g).float()
-            sums[g32.device].append(torch.stack([(g32 * (s.float() - p.float())).sum(), g32.square().sum()]))
-    total = sum((torch.stack(pairs).cpu().double().sum(0) for pairs in sums.values()), torch.zeros(2, dtype=torch.float64))
-    if reduce is not None:
-        total = reduce(total)
-    applied, intended = total[0].item(), lr * total[1].item()
-    return applied / intended if intended > 0 else None
-
-
-def _fsdp2(trainer) -> bool:
-    """Whether the policy is sharded by FSDP2 (``fully_shard``: DTensor parameters, each process holding a shard)."""
-    plugin = getattr(trainer.accelerator.state, "fsdp_plugin", None)
-    return bool(trainer.is_fsdp_enabled) and plugin is not None and plugin.fsdp_version == 2
-
-
-def _unlearning_gradient(trainer, u, params) -> list:
-    """The gradient of ``u`` (this process's share of the global loss) summed over processes, one entry per
-    parameter (None where unused), without touching what the optimizer sees.
-
-    DDP, ZeRO-1/2, one process: ``torch.autograd.grad`` on the unwrapped module (nothing accumulates into ``.grad``,
-    no DDP hook fires), then a sum over processes. FSDP2: the forward ran on weights all-gathered from the shards,
-    so the gradient reaches each sharded parameter only through FSDP's own backward, which reduce-scatters it into
-    ``.grad`` as the mean over processes: the step runs ``backward``, takes each shard's gradient times the number of
-    processes (the sum), and puts back whatever ``.grad`` held before (None at the start of an accumulation cycle)."""
-    if not _fsdp2(trainer):
-        return [g if g is None else trainer.accelerator.reduce(g, "sum")
-                for g in torch.autograd.grad(u, params, allow_unused=True)]
-    held = [p.grad for p in params]
-    for p in params:
-        p.grad = None
-    u.backward()
-    world = trainer.accelerator.num_processes
-    grads = [None if p.grad is None else p.grad.detach() * world for p in params]
-    for p, g in zip(params, held, strict=True):
-        p.grad = g
-    return grads
-
-
-def _drop_gathered_weights(trainer, model) -> None:
-    """FSDP2: free the full weights a module still holds from its last forward (the root module keeps them after a
-    forward, for the backward it expects), so that the next forward gathers the shards as they are now."""
-    if _fsdp2(trainer):
-        from torch.distributed.fsdp import FSDPModule
-
-        for module in model.modules():
-            if isinstance(module, FSDPModule):
-                module.reshard()
 
 
 class _LogpsWhileGenerating(contextlib.AbstractContextManager):
@@ -278,7 +220,7 @@ class TwoStageRollout(Part):
     """The rollout of eq. 4-11. The part holds the gate's state ``entropy_history`` (checkpointed through :meth:`state`)
     and, between the rollout and its scoring, ``pending_old_logps`` / ``pending_stage2``. Metrics:
     ``eepo/entropy_stage1``, ``eepo/entropy_moving_avg``, ``eepo/gate``, ``eepo/unlearning_loss``,
-    ``eepo/entropy_stage2``, ``eepo/stage1_logp_change``, ``eepo/unlearning_step_kept`` (:func:`_share_of_step_kept`)."""
+    ``eepo/entropy_stage2``, ``eepo/stage1_logp_change``, ``eepo/unlearning_step_kept`` (:func:`share_of_step_kept`)."""
 
     name = "eepo_two_stage_rollout"
     owns_rollout = True
@@ -290,9 +232,17 @@ class TwoStageRollout(Part):
 
     def setup(self, trainer) -> None:
         args = trainer.args
-        if args.entropy_gate != "never" and params_sharded(trainer) and not _fsdp2(trainer):
+        if args.entropy_gate != "never" and params_sharded(trainer) and not fsdp2_sharded(trainer):
             raise ValueError("EEPO's unlearning step edits the parameters in place: it supports DDP, ZeRO-1/2, FSDP2 "
                              "and PEFT, not ZeRO-3 or FSDP1 (use zero2.yaml or fsdp2.yaml, or entropy_gate='never')")
+        every = args.steps_per_generation * args.num_iterations
+        if args.entropy_gate != "never" and fsdp2_sharded(trainer) and every % args.gradient_accumulation_steps:
+            raise ValueError(
+                f"EEPO under FSDP2 takes its unlearning step at the start of a gradient-accumulation cycle, but a "
+                f"rollout every steps_per_generation x num_iterations = {every} micro-steps falls inside cycles of "
+                f"gradient_accumulation_steps = {args.gradient_accumulation_steps} (FSDP would reduce the cycle's "
+                "training gradient with it): make steps_per_generation x num_iterations a multiple of "
+                "gradient_accumulation_steps (TRL's default steps_per_generation is)")
         self.window = args.entropy_window
         self.entropy_history = collections.deque(maxlen=self.window)
         self.pending_old_logps = None  # per row, set by an unlearning rollout
@@ -358,14 +308,14 @@ class TwoStageRollout(Part):
         if logps1 is None:  # the gate was read while generating: the forward with grad only now that it is needed
             with torch.enable_grad():
                 logps1, _, mask1 = trainer._score(model, p1, c1)
-        _drop_gathered_weights(trainer, model)  # FSDP2: the parameters as the shards (a module holds full ones after
+        drop_gathered_weights(trainer, model)  # FSDP2: the parameters as the shards (a module holds full ones after
         params = [p for p in model.parameters() if p.requires_grad]  # a forward; the backward gathers them again)
         snapshot = [p.detach().clone() for p in params]
         seq_terms, has_tokens = losses.unlearning_sequence_terms(
             logps1, mask1, trainer.args.unlearning_eps_low, trainer.args.unlearning_eps_high)
         n_sequences = trainer.accelerator.reduce(has_tokens.sum().to(seq_terms.dtype).detach(), "sum").clamp(min=1.0)
         u = (seq_terms * has_tokens).sum() / n_sequences  # this process's share of the global mean
-        grads = _unlearning_gradient(trainer, u, params)
+        grads = unlearning_gradient(trainer, u, params)
         before1 = logps1.detach()  # stage-1 log-probs under the policy: the stage-1 old log-probs
         del logps1
         measure_drop = _rollout_is_logged(trainer)
@@ -375,11 +325,11 @@ class TwoStageRollout(Part):
                     if g is not None:
                         p.sub_(trainer.args.unlearning_lr * g)
                 reduce = (lambda t: trainer.accelerator.reduce(t.to(trainer.accelerator.device), "sum").cpu()) \
-                    if _fsdp2(trainer) else None
-                kept = _share_of_step_kept(params, snapshot, grads, trainer.args.unlearning_lr, reduce) \
+                    if fsdp2_sharded(trainer) else None
+                kept = share_of_step_kept(params, snapshot, grads, trainer.args.unlearning_lr, reduce) \
                     if measure_drop else None
             del grads
-            _drop_gathered_weights(trainer, model)
+            drop_gathered_weights(trainer, model)
             trainer._sync_vllm()
             # 4. stage 2 from the unlearned rollout model, scored under it (its old log-probs and entropy): read
             #    while generating, or in a separate forward; on rollouts that will be logged stage 1 is re-scored
@@ -399,7 +349,7 @@ class TwoStageRollout(Part):
             with torch.no_grad():
                 for p, saved in zip(params, snapshot, strict=True):
                     p.copy_(saved)
-            _drop_gathered_weights(trainer, model)
+            drop_gathered_weights(trainer, model)
             trainer._sync_vllm()
         if captured is None:  # rows [:n2] of the forward are stage 2 (columns past their completions are masked out)
             n2 = len(p2)
