@@ -59,6 +59,37 @@ def compare(ref: Path, other: Path, skip: frozenset = frozenset()) -> dict:
             "max_metric_rel_diff": worst, "at": where}
 
 
+def merged(path: Path, rows: list[dict]) -> list[dict]:
+    """``rows`` with the rows of ``path`` for the (trainer, backend) pairs not run this time, in a fixed order; written
+    back to ``path``."""
+    if path.exists():
+        ran = {(r["trainer"], r["backend"]) for r in rows}
+        rows = [r for r in json.loads(path.read_text()) if (r["trainer"], r["backend"]) not in ran] + rows
+    trainers = {"erpo": 0, "eepo": 1, "dph": 2, "apo": 3, "dph_peft": 4}
+    backends = {"ddp (reference)": 0, "ddp": 0, "zero2": 1, "zero3": 2, "fsdp2": 3}
+    rows.sort(key=lambda r: (trainers.get(r["trainer"], 9), r["trainer"], backends.get(r["backend"], 9)))
+    path.write_text(json.dumps(rows, indent=1))
+    return rows
+
+
+def write_table(path: Path, title: str, flag: str, note: str, rows: list[dict], columns: dict) -> None:
+    """``path``: a markdown table of ``rows``, one column per (header, cell function) of ``columns`` between the
+    trainer and backend and the error; printed too."""
+    command = f"python scripts/check_distributed_backends.py{' ' + flag if flag else ''}"
+    lines = [f"# {title}", "", f"Made by `{command}` ({time.strftime('%Y-%m-%d')}); see docs/distributed.md."
+             + (f" {note}" if note else ""), "",
+             "| " + " | ".join(["trainer", "backend", *columns, "error"]) + " |", "|---" * (len(columns) + 3) + "|"]
+    for r in rows:
+        cells = [str(cell(r)) for cell in columns.values()]
+        lines.append("| " + " | ".join([r["trainer"], r["backend"], *cells, r["error"].replace("|", "/")]) + " |")
+    path.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def param_cell(row: dict) -> str:
+    return f"{row['max_param_diff']:.2g}" if "max_param_diff" in row else ""
+
+
 def metric_cell(row: dict) -> str:
     if "max_metric_rel_diff" not in row:
         return ""
@@ -106,26 +137,13 @@ def check_resume(args, out: Path) -> None:
             print(json.dumps(row), flush=True)
             for run_dir in (first, resumed):  # the checkpoints (hundreds of MB); logs and final weights stay
                 shutil.rmtree(run_dir / "trainer", ignore_errors=True)
-    previous = out / "resume.json"
-    if previous.exists():  # keep the rows of (trainer, backend) pairs not run this time
-        ran = {(r["trainer"], r["backend"]) for r in rows}
-        rows = [r for r in json.loads(previous.read_text()) if (r["trainer"], r["backend"]) not in ran] + rows
-        order = {"erpo": 0, "eepo": 1, "dph": 2, "apo": 3}
-        backends = {"ddp": 0, "zero2": 1, "zero3": 2, "fsdp2": 3}
-        rows.sort(key=lambda r: (order.get(r["trainer"], 9), r["trainer"], backends.get(r["backend"], 9)))
-    previous.write_text(json.dumps(rows, indent=1))
-    lines = ["# A run resumed from its step-2 checkpoint against the same run uninterrupted, 2 CPU processes",
-             "", f"Made by `python scripts/check_distributed_backends.py --resume` ({time.strftime('%Y-%m-%d')}); see "
-             "docs/distributed.md. 3 steps, AdamW, float32; the resumed run starts new processes.", "",
-             "| trainer | backend | resumed | steps the resumed run trained | max parameter diff to the uninterrupted "
-             "run | max relative metric diff | error |", "|---|---|---|---|---|---|---|"]
-    for r in rows:
-        diff = f"{r['max_param_diff']:.2g}" if "max_param_diff" in r else ""
-        metric = metric_cell(r)
-        lines.append(f"| {r['trainer']} | {r['backend']} | {'yes' if r['resumed'] else 'no'} | "
-                     f"{r.get('steps_run_resumed', '')} | {diff} | {metric} | {r['error'].replace('|', '/')} |")
-    (out / "resume.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    rows = merged(out / "resume.json", rows)
+    write_table(out / "resume.md", "A run resumed from its step-2 checkpoint against the same run uninterrupted, 2 CPU "
+                "processes", "--resume", "3 steps, AdamW, float32; the resumed run starts new processes.", rows,
+                {"resumed": lambda r: "yes" if r["resumed"] else "no",
+                 "steps the resumed run trained": lambda r: r.get("steps_run_resumed", ""),
+                 "max parameter diff to the uninterrupted run": param_cell,
+                 "max relative metric diff": metric_cell})
 
 
 def main() -> None:
@@ -170,26 +188,12 @@ def main() -> None:
                             "offline_pass_digest")
             rows.append(row)
             print(json.dumps(row), flush=True)
-    previous = out / "backends.json"
-    if previous.exists():  # keep the rows of (trainer, backend) pairs not run this time
-        ran = {(r["trainer"], r["backend"]) for r in rows}
-        rows = [r for r in json.loads(previous.read_text()) if (r["trainer"], r["backend"]) not in ran] + rows
-        order = {"erpo": 0, "eepo": 1, "dph": 2, "apo": 3}
-        rows.sort(key=lambda r: (order.get(r["trainer"], 9), r["backend"] != "ddp (reference)"))
-    previous.write_text(json.dumps(rows, indent=1))
-    lines = ["# Every trainer under each Accelerate backend, 2 CPU processes, vs gloo DDP",
-             "", f"Made by `python scripts/check_distributed_backends.py` ({time.strftime('%Y-%m-%d')}); see "
-             "docs/distributed.md.", "",
-             "| trainer | backend | ran | backend in use | max parameter diff to DDP | max relative metric diff | "
-             "offline pass identical to DDP's | error |", "|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        diff = f"{r['max_param_diff']:.2g}" if "max_param_diff" in r else ""
-        metric = metric_cell(r)
-        lines.append(f"| {r['trainer']} | {r['backend']} | {'yes' if r['ran'] else 'no'} | "
-                     f"{r.get('distributed_type', '')} | {diff} | {metric} | {r.get('offline_pass_equal', '')} | "
-                     f"{r['error'].replace('|', '/')} |")
-    (out / "backends.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    rows = merged(out / "backends.json", rows)
+    write_table(out / "backends.md", "Every trainer under each Accelerate backend, 2 CPU processes, vs gloo DDP", "",
+                "", rows, {"ran": lambda r: "yes" if r["ran"] else "no",
+                           "backend in use": lambda r: r.get("distributed_type", ""),
+                           "max parameter diff to DDP": param_cell, "max relative metric diff": metric_cell,
+                           "offline pass identical to DDP's": lambda r: r.get("offline_pass_equal", "")})
 
 
 if __name__ == "__main__":
