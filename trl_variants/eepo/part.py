@@ -308,8 +308,9 @@ class TwoStageRollout(Part):
         if logps1 is None:  # the gate was read while generating: the forward with grad only now that it is needed
             with torch.enable_grad():
                 logps1, _, mask1 = trainer._score(model, p1, c1)
-        drop_gathered_weights(trainer, model)  # FSDP2: the parameters as the shards (a module holds full ones after
-        params = [p for p in model.parameters() if p.requires_grad]  # a forward; the backward gathers them again)
+        # FSDP2: the parameters as shards (after a forward a module holds full ones; the backward gathers them again)
+        drop_gathered_weights(trainer, model)
+        params = [p for p in model.parameters() if p.requires_grad]
         snapshot = [p.detach().clone() for p in params]
         seq_terms, has_tokens = losses.unlearning_sequence_terms(
             logps1, mask1, trainer.args.unlearning_eps_low, trainer.args.unlearning_eps_high)
