@@ -4,7 +4,10 @@ run on 1 process and a run on N processes can be compared.
     torchrun --nproc_per_node N trainers_tests/distributed/harness.py TRAINER OUT_DIR
     accelerate launch --config_file configs/accelerate/zero2.yaml trainers_tests/distributed/harness.py TRAINER OUT
 
-(On a machine without a GPU, an FSDP config runs FSDP2 over gloo: ``_fsdp_on_cpu``.)
+(On a machine without a GPU, an FSDP config runs FSDP2 over gloo: ``_fsdp_on_cpu``.) Switches in the environment:
+HARNESS_DTYPE, HARNESS_OPTIM, HARNESS_GA (gradient accumulation steps, the global batch kept), HARNESS_CHECKPOINTS=1
+(a checkpoint every step) and HARNESS_RESUME=<checkpoint> (resume from it); HARNESS_GC / HARNESS_PEFT /
+HARNESS_REENTRANT for the ``*_peft`` variants.
 
 What is held fixed across process counts: the global batch (``per_device_train_batch_size = GLOBAL_ROWS / N``), the
 data order (TRL's seeded RepeatSampler over the global batch), the seed, and the completions. Sampling in a batched
