@@ -156,8 +156,8 @@ def _fsdp_on_cpu() -> None:
     import accelerate.state as state
     from accelerate.utils import DistributedType
 
-    if getattr(state.AcceleratorState, "_fsdp_on_cpu", False):  # applied already (sitecustomize, then the harness)
-        return
+    if torch.cuda.is_available() or getattr(state.AcceleratorState, "_fsdp_on_cpu", False):  # GPUs: nothing to lift;
+        return  # or applied already (sitecustomize, then the harness)
     state.AcceleratorState._fsdp_on_cpu = True
     prepare_backend, init = state.PartialState._prepare_backend, state.AcceleratorState.__init__
 
@@ -280,7 +280,7 @@ def main(name: str, out: str) -> None:
     out = Path(out)
     world = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun and accelerate launch both set it
     fsdp = os.environ.get("ACCELERATE_USE_FSDP") == "true"  # a launcher's FSDP config asked for it
-    if fsdp and not torch.cuda.is_available():
+    if fsdp:
         _fsdp_on_cpu()
     _per_row_generate()
     if name == "apo_lazy":

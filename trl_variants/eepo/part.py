@@ -316,7 +316,7 @@ class TwoStageRollout(Part):
             logps1, mask1, trainer.args.unlearning_eps_low, trainer.args.unlearning_eps_high)
         n_sequences = trainer.accelerator.reduce(has_tokens.sum().to(seq_terms.dtype).detach(), "sum").clamp(min=1.0)
         u = (seq_terms * has_tokens).sum() / n_sequences  # this process's share of the global mean
-        grads = unlearning_gradient(trainer, u, params)
+        grads = unlearning_gradient(trainer, model, u, params)
         before1 = logps1.detach()  # stage-1 log-probs under the policy: the stage-1 old log-probs
         del logps1
         measure_drop = _rollout_is_logged(trainer)

@@ -36,9 +36,9 @@ def fsdp2_sharded(trainer) -> bool:
     return bool(trainer.is_fsdp_enabled) and plugin is not None and plugin.fsdp_version == 2
 
 
-def unlearning_gradient(trainer, u, params) -> list:
+def unlearning_gradient(trainer, model, u, params) -> list:
     """The gradient of ``u`` (this process's share of the global loss) summed over processes, one entry per
-    parameter (None where unused), without touching what the optimizer sees.
+    parameter (None where unused) of ``model`` (the unwrapped policy), without touching what the optimizer sees.
 
     DDP, ZeRO-1/2, one process: ``torch.autograd.grad`` on the unwrapped module (nothing accumulates into ``.grad``,
     no DDP hook fires), then a sum over processes. FSDP2: the forward ran on weights all-gathered from the shards,
@@ -53,7 +53,6 @@ def unlearning_gradient(trainer, u, params) -> list:
     held = [p.grad for p in params]
     for p in params:
         p.grad = None
-    model = trainer.accelerator.unwrap_model(trainer.model)
     accumulating = not trainer.accelerator.sync_gradients  # inside Accelerate's no_sync: FSDP would keep the gradient
     if accumulating:  # unsharded on each process, unreduced, and add it to the step's training gradient
         model.set_requires_gradient_sync(True)

@@ -11,11 +11,8 @@ import os
 import sys
 from pathlib import Path
 
-if os.environ.get("ACCELERATE_USE_FSDP") == "true":
-    import torch
+if os.environ.get("ACCELERATE_USE_FSDP") == "true":  # (any other process starts without importing anything)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+    from trainers_tests.distributed.harness import _fsdp_on_cpu
 
-    if not torch.cuda.is_available():
-        sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
-        from trainers_tests.distributed.harness import _fsdp_on_cpu
-
-        _fsdp_on_cpu()
+    _fsdp_on_cpu()  # nothing where CUDA is available
