@@ -3,6 +3,7 @@
     python scripts/check_distributed_backends.py [--trainers erpo eepo dph apo] [--backends zero2 zero3 fsdp2]
     python scripts/check_distributed_backends.py --resume [--trainers erpo eepo dph apo dph_peft]  # resume from a
                                                          # checkpoint under each backend (and DDP)
+    python scripts/check_distributed_backends.py --heldout  # with held-out evaluation during training
 
 Runs ``trainers_tests/distributed/harness.py`` (3 optimizer steps, fixed global batch and completions) with
 ``torchrun`` (gloo DDP, the reference) and with ``accelerate launch --config_file configs/accelerate/<backend>.yaml
@@ -10,6 +11,8 @@ Runs ``trainers_tests/distributed/harness.py`` (3 optimizer steps, fixed global 
 the harness lifts Accelerate's GPU-only gate for FSDP, ``harness._fsdp_on_cpu``), and writes
 ``results/distributed/backends.{json,md}``: for each (trainer, backend) whether it ran, the largest parameter and
 relative metric differences to DDP, and for a run that failed the last line of its error. About 15 minutes on 2 cores.
+``--heldout``: the same runs with held-out evaluation during training (``HARNESS_HELDOUT``), written to
+``results/distributed/heldout.{json,md}``: what each evaluation measured, and from which weights, against DDP's.
 """
 
 from __future__ import annotations
@@ -146,35 +149,42 @@ def check_resume(args, out: Path) -> None:
                  "max relative metric diff": metric_cell})
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--trainers", nargs="+", default=["erpo", "eepo", "dph", "apo"])
-    parser.add_argument("--backends", nargs="+", default=["zero2", "zero3", "fsdp2"])
-    parser.add_argument("--resume", action="store_true",
-                        help="instead: resume from a checkpoint under each backend (results/distributed/resume.md)")
-    parser.add_argument("--out", default=str(ROOT / "results" / "distributed"))
-    args = parser.parse_args()
-    out = Path(args.out)
-    if args.resume:
-        check_resume(args, out)
-        return
+def heldout_cells(observed: dict, ref_observed: dict) -> dict:
+    """``--heldout``: how each process's held-out evaluations compare with the DDP run's: the number of weights the
+    sampling model held (the full model under ZeRO-3 / FSDP), the largest relative difference of the sum of their
+    magnitudes, and whether the measured numbers (greedy accuracy, mean sampled length) are identical."""
+    mine, ref = observed.get("heldout", []), ref_observed.get("heldout", [])
+    if len(mine) != len(ref) or not ref:
+        return {"evaluations": len(mine), "heldout_equal": False}
+    pairs = list(zip(mine, ref, strict=True))
+    return {"evaluations": len(mine), "full_weights": all(a["numel"] == b["numel"] for a, b in pairs),
+            "weights_rel_diff": max(abs(a["abs_sum"] - b["abs_sum"]) / b["abs_sum"] for a, b in pairs),
+            "heldout_equal": all((a["greedy"], a["mean_length"]) == (b["greedy"], b["mean_length"]) for a, b in pairs)}
+
+
+def compare_backends(args, out: Path, heldout: bool) -> None:
+    """Each trainer under each backend against DDP (``heldout``: with held-out evaluation during training, on every
+    process of each run)."""
     work = out / "runs"
     work.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", HARNESS_DTYPE="float32")
+    if heldout:
+        env["HARNESS_HELDOUT"] = "1"
+    tag = "-heldout" if heldout else ""
     rows, port = [], 29700
     for trainer in args.trainers:
-        ref = work / f"{trainer}-ddp"
+        ref = work / f"{trainer}-ddp{tag}"
         port += 1
         start = time.time()
         ok, error = run(launch_cmd("ddp", port, trainer, ref), dict(env, ACCELERATE_USE_CPU="1"),
-                        work / f"{trainer}-ddp.log")
+                        work / f"{ref.name}.log")
         rows.append({"trainer": trainer, "backend": "ddp (reference)", "ran": ok, "error": error,
                      "seconds": round(time.time() - start)})
         for backend in args.backends:
             port += 1
-            run_dir = work / f"{trainer}-{backend}"
+            run_dir = work / f"{trainer}-{backend}{tag}"
             start = time.time()
-            ok_b, error = run(launch_cmd(backend, port, trainer, run_dir), env, work / f"{trainer}-{backend}.log")
+            ok_b, error = run(launch_cmd(backend, port, trainer, run_dir), env, work / f"{run_dir.name}.log")
             row = {"trainer": trainer, "backend": backend, "ran": ok_b, "error": error,
                    "seconds": round(time.time() - start)}
             if ok_b:
@@ -183,17 +193,51 @@ def main() -> None:
                 if ok:
                     row.update(compare(ref, run_dir))
                     ref_observed = json.loads((ref / "rank0.json").read_text())
-                    if "offline_pass_digest" in observed:
+                    if heldout:
+                        row.update(heldout_cells(observed, ref_observed))
+                        row["ranks_agree"] = observed["heldout"] == json.loads(
+                            (run_dir / "rank1.json").read_text())["heldout"]
+                    elif "offline_pass_digest" in observed:
                         row["offline_pass_equal"] = observed["offline_pass_digest"] == ref_observed.get(
                             "offline_pass_digest")
             rows.append(row)
             print(json.dumps(row), flush=True)
+    ran = lambda r: "yes" if r["ran"] else "no"  # noqa: E731
+    if heldout:
+        rows = merged(out / "heldout.json", rows)
+        write_table(out / "heldout.md", "Held-out evaluation during training under each backend, 2 CPU processes, vs "
+                    "gloo DDP", "--heldout", "HeldOutCallback on 6 prompts (greedy and 2 samples at T = 3) before "
+                    "training, at step 2 and at the end; each run's processes share out its chunks.", rows,
+                    {"ran": ran, "evaluations": lambda r: r.get("evaluations", ""),
+                     "sampled from the full weights": lambda r: r.get("full_weights", ""),
+                     "weights' relative diff to DDP's": lambda r: (f"{r['weights_rel_diff']:.2g}"
+                                                                   if "weights_rel_diff" in r else ""),
+                     "held-out numbers identical to DDP's": lambda r: r.get("heldout_equal", ""),
+                     "both processes measured the same": lambda r: r.get("ranks_agree", ""),
+                     "max parameter diff to DDP": param_cell})
+        return
     rows = merged(out / "backends.json", rows)
     write_table(out / "backends.md", "Every trainer under each Accelerate backend, 2 CPU processes, vs gloo DDP", "",
-                "", rows, {"ran": lambda r: "yes" if r["ran"] else "no",
-                           "backend in use": lambda r: r.get("distributed_type", ""),
+                "", rows, {"ran": ran, "backend in use": lambda r: r.get("distributed_type", ""),
                            "max parameter diff to DDP": param_cell, "max relative metric diff": metric_cell,
                            "offline pass identical to DDP's": lambda r: r.get("offline_pass_equal", "")})
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--trainers", nargs="+", default=["erpo", "eepo", "dph", "apo"])
+    parser.add_argument("--backends", nargs="+", default=["zero2", "zero3", "fsdp2"])
+    parser.add_argument("--resume", action="store_true",
+                        help="instead: resume from a checkpoint under each backend (results/distributed/resume.md)")
+    parser.add_argument("--heldout", action="store_true",
+                        help="with held-out evaluation during training in every run (results/distributed/heldout.md)")
+    parser.add_argument("--out", default=str(ROOT / "results" / "distributed"))
+    args = parser.parse_args()
+    out = Path(args.out)
+    if args.resume:
+        check_resume(args, out)
+        return
+    compare_backends(args, out, args.heldout)
 
 
 if __name__ == "__main__":

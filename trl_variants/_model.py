@@ -61,6 +61,78 @@ def params_sharded(trainer) -> bool:
     return getattr(trainer, "is_fsdp_enabled", False) or _zero3(trainer)
 
 
+def fsdp2_sharded(trainer) -> bool:
+    """Whether the policy is sharded by FSDP2 (``fully_shard``: DTensor parameters, each process holding a shard)."""
+    plugin = getattr(trainer.accelerator.state, "fsdp_plugin", None)
+    return bool(getattr(trainer, "is_fsdp_enabled", False)) and plugin is not None and plugin.fsdp_version == 2
+
+
+def check_whole_policy_for_generation(trainer, who: str) -> None:
+    """Refuse, naming the fix, a sharded setup in which :func:`whole_policy_for_generation` cannot hold the full
+    weights on every process: FSDP1 (FSDP2 can), and ZeRO-3 with ``ds3_gather_for_generation=False`` (the user chose
+    not to hold them: the model may not fit on one device)."""
+    if getattr(trainer, "is_fsdp_enabled", False) and not fsdp2_sharded(trainer):
+        raise ValueError(f"{who} under FSDP1 cannot hold the full weights for its sampling on every process: use FSDP2 "
+                         "(fsdp_version: 2, configs/accelerate/fsdp2.yaml), or evaluate the saved checkpoints with "
+                         "`trl-variants evaluate`")
+    if _zero3(trainer) and not trainer.args.ds3_gather_for_generation:
+        raise ValueError(f"{who} under DeepSpeed ZeRO-3 samples with the full weights gathered on every process, and "
+                         "this run sets ds3_gather_for_generation=False (the model may not fit on one device): set it "
+                         "True, or evaluate the saved checkpoints with `trl-variants evaluate`")
+
+
+@contextmanager
+def whole_policy_for_generation(trainer):
+    """The trainer's policy (unwrapped) holding its full weights on every process for a while, so that each process
+    can run its own number of forward calls (its own prompts, its own decoding lengths) without waiting for the
+    others: under ZeRO-3 or FSDP every forward on sharded weights is a collective, and processes running different
+    numbers of them would hang. Every process must enter and leave it together (entering gathers the weights).
+
+    * ZeRO-3: TRL's ``unwrap_model_for_generation`` with the weights gathered (what GRPOTrainer samples with when
+      ``ds3_gather_for_generation``, the default), DeepSpeed's hooks off inside.
+    * FSDP2: every ``FSDPModule`` unsharded (``unshard()``) and kept so through its forwards
+      (``set_reshard_after_forward(False)``, torch's documented switch for evaluation); on leaving, the full
+      weights are freed (``reshard()``) and each module's resharding is put back as it was.
+    * Otherwise (one process, DDP, ZeRO-1/2): the unwrapped model as it is.
+
+    Read-only: nothing written to the weights inside is kept under ZeRO-3. Refused setups:
+    :func:`check_whole_policy_for_generation`."""
+    if _zero3(trainer):
+        from trl.models import unwrap_model_for_generation
+
+        with unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator, gather_deepspeed3_params=True,
+                                         gradient_checkpointing_kwargs=trainer.args.gradient_checkpointing_kwargs
+                                         ) as model:
+            yield model
+        return
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    if not fsdp2_sharded(trainer):
+        yield model
+        return
+    from torch.distributed.fsdp import FSDPModule
+
+    modules = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    if isinstance(model, FSDPModule):  # the root settles its own resharding at its first forward, which may come
+        model._get_fsdp_state()._lazy_init()  # inside: settled now (a no-op after it), so that what is saved is kept
+    # each module's setting, saved to be put back exactly: torch has no public getter for it
+    states = [m._get_fsdp_state() for m in modules]
+    saved = [(s, s._auto_reshard_after_forward, [(g, g.post_forward_mesh_info) for g in s._fsdp_param_groups])
+             for s in states]
+    for m in modules:
+        m.set_reshard_after_forward(False, recurse=False)
+    for m in modules:  # the same modules in the same order on every process: matching all-gathers
+        m.unshard()
+    try:
+        yield model
+    finally:
+        for m in modules:
+            m.reshard()  # frees the full weights; no communication
+        for s, auto, groups in saved:
+            s._auto_reshard_after_forward = auto
+            for g, info in groups:
+                g.post_forward_mesh_info = info
+
+
 def full_parameters(trainer, params=None):
     """Context in which ``trainer.model`` holds its full parameters on every process: under DeepSpeed ZeRO-3 they are
     partitioned from the moment the model is loaded, so the offline passes (run in ``__init__``, before the model is

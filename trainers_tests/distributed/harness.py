@@ -6,8 +6,8 @@ run on 1 process and a run on N processes can be compared.
 
 (On a machine without a GPU, an FSDP config runs FSDP2 over gloo: ``_fsdp_on_cpu``.) Switches in the environment:
 HARNESS_DTYPE, HARNESS_OPTIM, HARNESS_GA (gradient accumulation steps, the global batch kept), HARNESS_CHECKPOINTS=1
-(a checkpoint every step) and HARNESS_RESUME=<checkpoint> (resume from it); HARNESS_GC / HARNESS_PEFT /
-HARNESS_REENTRANT for the ``*_peft`` variants.
+(a checkpoint every step), HARNESS_RESUME=<checkpoint> (resume from it), HARNESS_HELDOUT=1 (held-out evaluation during
+training, ``HeldOutCallback``, logged); HARNESS_GC / HARNESS_PEFT / HARNESS_REENTRANT for the ``*_peft`` variants.
 
 What is held fixed across process counts: the global batch (``per_device_train_batch_size = GLOBAL_ROWS / N``), the
 data order (TRL's seeded RepeatSampler over the global batch), the seed, and the completions. Sampling in a batched
@@ -90,9 +90,12 @@ def _per_row_generate():
 
 def _phase_per_shard():
     """apo_lazy: the offline pass runs inside a training step, so each of its shards is its own phase (then the
-    step's phase resumes): its seeds do not depend on which process samples it or on the rollouts around it."""
+    step's phase resumes): its seeds do not depend on which process samples it or on the rollouts around it. The
+    same for the chunks of a held-out evaluation (HARNESS_HELDOUT), which sample through the same generator."""
     from trl_variants.presample.runner import HFGenerator
 
+    if getattr(HFGenerator.generate, "phase_per_shard", False):
+        return  # applied already (apo_lazy with HARNESS_HELDOUT)
     original = HFGenerator.generate
 
     def generate(self, prompt_ids, rows, config, shard_seed):
@@ -104,6 +107,7 @@ def _phase_per_shard():
             PHASE.clear()
             PHASE.update(saved)
 
+    generate.phase_per_shard = True
     HFGenerator.generate = generate
 
 
@@ -268,6 +272,26 @@ def _watch_eepo_rollout_models(trainer, observed: dict) -> None:
     trainer._sync_vllm = watched
 
 
+def _watch_evaluations(observed: dict) -> None:
+    """Record what each held-out evaluation saw and measured: the number of weights of the model it sampled from and
+    the sum of their magnitudes (under ZeRO-3 / FSDP: the full weights, gathered), its greedy accuracy and the
+    sampled completions' mean length."""
+    from trl_variants.evaluation import callbacks
+
+    evaluate = callbacks.evaluate
+    seen = observed["heldout"] = []
+
+    def watched(model, *args, **kwargs):
+        params = list(model.parameters())
+        res = evaluate(model, *args, **kwargs)
+        seen.append({"numel": sum(p.numel() for p in params),
+                     "abs_sum": sum(p.detach().double().abs().sum().item() for p in params),
+                     "greedy": res["greedy"], "mean_length": [t["mean_length"] for t in res["temperatures"].values()]})
+        return res
+
+    callbacks.evaluate = watched
+
+
 def main(name: str, out: str) -> None:
     from accelerate import PartialState
 
@@ -317,6 +341,15 @@ def main(name: str, out: str) -> None:
                 "deepspeed": trainer.is_deepspeed_enabled, "fsdp": trainer.is_fsdp_enabled}
     if name in ("eepo", "composed", "composed_ds"):
         _watch_eepo_rollout_models(trainer, observed)
+    if os.environ.get("HARNESS_HELDOUT") == "1":  # held-out accuracy at the start, at step 2 and at the end, logged:
+        # the processes share out its chunks (greedy and sampled: uneven numbers of forwards per process)
+        from trl_variants.default import load_default_dataset
+        from trl_variants.evaluation import HeldOutCallback
+
+        _phase_per_shard()
+        _watch_evaluations(observed)
+        heldout = load_default_dataset(n_train=0, n_test=6)["test"]
+        trainer.add_callback(HeldOutCallback(trainer, heldout, k=2, eval_steps=2, plot=False))
     if name in ("dph", "dph_peft", "apo", "composed", "composed_ds"):  # what the offline pass produced (DPH-RL: the split it made), to compare backends
         parts = [trainer.train_dataset] + ([trainer.pef_dataset] if name != "apo" else [])
         text = json.dumps([part.to_dict() for part in parts], sort_keys=True, default=str)

@@ -35,8 +35,8 @@ TIMING_KEYS = {"step_time", "train_runtime", "train_samples_per_second", "train_
 RTOL, ATOL, PARAM_ATOL = 1e-4, 1e-6, 2e-7
 
 
-def launch(nproc: int, trainer: str, out: Path, port: int, timeout: int = 600) -> None:
-    env = dict(os.environ, ACCELERATE_USE_CPU="1", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
+def launch(nproc: int, trainer: str, out: Path, port: int, timeout: int = 600, **harness_env) -> None:
+    env = dict(os.environ, ACCELERATE_USE_CPU="1", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", **harness_env)
     torchrun = Path(sys.executable).parent / "torchrun"
     proc = subprocess.run([str(torchrun), "--nproc_per_node", str(nproc), "--master_port", str(port), str(HARNESS),
                            trainer, str(out)], env=env, capture_output=True, text=True, timeout=timeout)
@@ -66,14 +66,27 @@ def assert_same_run(one: Path, two: Path) -> None:
 @pytest.mark.parametrize("trainer,port", [("erpo", 29621), ("apo", 29623), ("dph", 29625), ("eepo", 29627),
                                           ("composed_ds", 29631), ("apo_lazy", 29633), ("dapo_stream", 29635)])
 def test_two_processes_train_as_one(tmp_path, trainer, port):
-    launch(1, trainer, tmp_path / "one", port)
-    launch(2, trainer, tmp_path / "two", port + 1)
+    # EEPO's runs also evaluate on held-out prompts during training (HeldOutCallback: at the start, step 2, the end)
+    heldout = {"HARNESS_HELDOUT": "1"} if trainer == "eepo" else {}
+    launch(1, trainer, tmp_path / "one", port, **heldout)
+    launch(2, trainer, tmp_path / "two", port + 1, **heldout)
     assert_same_run(tmp_path / "one", tmp_path / "two")
     if trainer in ("dph", "eepo"):  # and on 2 FSDP2 processes, against the same 1-process run (test_fsdp2.py says
         from .test_fsdp2 import launch_fsdp2  # what it covers)
 
-        fsdp2 = launch_fsdp2(trainer, tmp_path / "fsdp2", {"dph": 29662, "eepo": 29665}[trainer])
+        fsdp2 = launch_fsdp2(trainer, tmp_path / "fsdp2", {"dph": 29662, "eepo": 29665}[trainer], **heldout)
         assert_same_run(tmp_path / "one", tmp_path / "fsdp2")
+    if heldout:  # every process of each run measured what the single process did, on the full current weights
+        # (under FSDP2 gathered for the evaluation: before, it was refused), though each process sampled its own
+        # chunks (the greedy pass on one, the sampled pass on the other)
+        runs = [json.loads((tmp_path / d / f"rank{r}.json").read_text())["heldout"]
+                for d, r in (("one", 0), ("two", 0), ("two", 1), ("fsdp2", 0), ("fsdp2", 1))]
+        assert len(runs[0]) == 3 and runs[0][0]["abs_sum"] != runs[0][-1]["abs_sum"]  # trained between them
+        for run in runs[1:]:
+            for seen, expected in zip(run, runs[0], strict=True):
+                assert seen["numel"] == expected["numel"]  # the whole model, not a shard
+                assert seen["abs_sum"] == pytest.approx(expected["abs_sum"], rel=1e-10)  # trained: 6e-7 apart
+                assert (seen["greedy"], seen["mean_length"]) == (expected["greedy"], expected["mean_length"])
         if trainer == "eepo":  # each rank sampled stage 2 from the same unlearned model (its gathered shards)
             other = json.loads((tmp_path / "fsdp2" / "rank1.json").read_text())
             assert len(fsdp2["rollout_model_digests"]) == 3 and fsdp2["rollout_model_digests"] == other[

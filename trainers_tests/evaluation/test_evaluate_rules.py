@@ -382,26 +382,41 @@ def test_an_in_training_evaluation_generates_as_the_trainer_does():
     assert continuous.transformers_continuous_batching_config == {"max_memory_percent": 0.5}  # as TRL sizes it
 
 
-@pytest.mark.parametrize("backend", ["hf", "vllm"])
-@pytest.mark.parametrize("sharding", ["zero3", "fsdp"])
-def test_evaluation_during_training_is_refused_where_the_weights_are_sharded(sharding, backend):
-    """Under ZeRO-3 / FSDP each process would sample its own prompts for its own number of decoding steps, with
-    weight gathers that no longer match across processes (a hang): both callbacks refuse at construction, naming
-    the ways out. ZeRO-2 is accepted."""
+@pytest.mark.parametrize("sharding", ["zero3", "fsdp2", "fsdp1", "zero3_no_gather"])
+def test_evaluation_during_training_where_the_weights_are_sharded(sharding):
+    """Under ZeRO-3 / FSDP each process samples its own chunks for its own number of decoding steps, so the
+    evaluation holds the full weights on every process (``whole_policy_for_generation``; runs under ZeRO-3 and
+    FSDP2 in distributed/test_equivalence.py and results/distributed/heldout.md). Refused where it cannot: FSDP1, and
+    ZeRO-3 with ``ds3_gather_for_generation=False`` (the model may not fit on one device), naming the fix; and the
+    vLLM backend there (untested). ZeRO-2 takes either backend."""
     from types import SimpleNamespace
 
     from trl_variants.evaluation.callbacks import HeldOutCallback, PassAtKCallback
 
     def trainer(stage):
+        fsdp = sharding.startswith("fsdp") and stage == 3
+        state = SimpleNamespace(deepspeed_plugin=SimpleNamespace(zero_stage=stage),
+                                fsdp_plugin=SimpleNamespace(fsdp_version=int(sharding[-1])) if fsdp else None)
         return SimpleNamespace(
-            is_fsdp_enabled=sharding == "fsdp" and stage == 3, is_deepspeed_enabled=sharding == "zero3", use_vllm=True,
-            accelerator=SimpleNamespace(state=SimpleNamespace(deepspeed_plugin=SimpleNamespace(zero_stage=stage))),
-            args=SimpleNamespace(disable_tqdm=True, temperature=1.0, top_p=1.0, max_completion_length=8, seed=0))
+            is_fsdp_enabled=fsdp, is_deepspeed_enabled=sharding.startswith("zero3"), use_vllm=True,
+            accelerator=SimpleNamespace(state=state),
+            args=SimpleNamespace(disable_tqdm=True, temperature=1.0, top_p=1.0, max_completion_length=8, seed=0,
+                                 ds3_gather_for_generation=sharding != "zero3_no_gather"))
 
-    with pytest.raises(ValueError, match=r"cannot run under DeepSpeed ZeRO-3 or FSDP.*trl-variants evaluate.*"
-                                         r"--heldout_eval_steps 0"):
-        HeldOutCallback(trainer(3), [], k=2, plot=False, backend=backend)
-    with pytest.raises(ValueError, match="cannot run under DeepSpeed ZeRO-3 or FSDP"):
-        PassAtKCallback(trainer(3), [], EvalConfig(k=2, backend=backend))
-    if sharding == "zero3" and backend == "vllm":  # ZeRO-2 (full weights on every process) is accepted
-        assert HeldOutCallback(trainer(2), [], k=2, plot=False, backend=backend).config.backend == "vllm"
+    refusal = {"fsdp1": r"FSDP1 cannot hold the full weights.*fsdp_version: 2.*trl-variants evaluate",
+               "zero3_no_gather": r"DeepSpeed ZeRO-3 .*sets ds3_gather_for_generation=False.*set it True.*trl-variants evaluate"}
+    if sharding in refusal:
+        with pytest.raises(ValueError, match=r"held-out evaluation during training under " + refusal[sharding]):
+            HeldOutCallback(trainer(3), [], k=2, plot=False)
+        with pytest.raises(ValueError, match=refusal[sharding]):
+            PassAtKCallback(trainer(3), [], EvalConfig(k=2))
+    else:
+        assert HeldOutCallback(trainer(3), [], k=2, plot=False).config.backend == "hf"
+        assert PassAtKCallback(trainer(3), [], EvalConfig(k=2)).config.k == 2
+    with pytest.raises(ValueError, match=r"backend='vllm' is not supported under DeepSpeed ZeRO-3 or FSDP.*use "
+                                         r"backend='hf'.*trl-variants evaluate --backend vllm"):
+        HeldOutCallback(trainer(3), [], k=2, plot=False, backend="vllm")
+    with pytest.raises(ValueError, match="backend='vllm' is not supported under"):
+        PassAtKCallback(trainer(3), [], EvalConfig(k=2, backend="vllm"))
+    if sharding == "zero3":  # ZeRO-2 (full weights on every process) takes the vLLM backend
+        assert HeldOutCallback(trainer(2), [], k=2, plot=False, backend="vllm").config.backend == "vllm"

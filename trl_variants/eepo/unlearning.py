@@ -8,6 +8,7 @@ import collections
 
 import torch
 
+from .._model import fsdp2_sharded
 from .._numerics import _local
 
 
@@ -28,12 +29,6 @@ def share_of_step_kept(params, saved, grads, lr: float, reduce=None) -> float | 
         total = reduce(total)
     applied, intended = total[0].item(), lr * total[1].item()
     return applied / intended if intended > 0 else None
-
-
-def fsdp2_sharded(trainer) -> bool:
-    """Whether the policy is sharded by FSDP2 (``fully_shard``: DTensor parameters, each process holding a shard)."""
-    plugin = getattr(trainer.accelerator.state, "fsdp_plugin", None)
-    return bool(trainer.is_fsdp_enabled) and plugin is not None and plugin.fsdp_version == 2
 
 
 def unlearning_gradient(trainer, model, u, params) -> list:

@@ -9,7 +9,8 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
-from .._model import params_sharded
+from .._model import check_whole_policy_for_generation, params_sharded, whole_policy_for_generation
+from ..presample.random_state import preserved_random_state
 from ..presample.vllm_backend import trainer_generator, trainer_hf_generator
 from ..rewards import accuracy_reward
 from .config import BACKENDS, VLLM_EXTRA, EvalConfig
@@ -22,16 +23,18 @@ def callback_config(trainer, config: EvalConfig, backend: str = "hf") -> EvalCon
     """``config`` as a training callback runs it: the progress bar off when the trainer's ``disable_tqdm`` is set,
     with ``backend="hf"`` the trainer's ``use_transformers_continuous_batching`` / ``cache_implementation`` (unless
     ``config`` sets its own), and ``backend`` checked: ``"vllm"`` samples with the trainer's own vLLM engine, so it
-    needs ``use_vllm=True``."""
+    needs ``use_vllm=True`` (and is refused under ZeRO-3 / FSDP). Under ZeRO-3 / FSDP the evaluation holds the full
+    weights on every process: refused under FSDP1 and with ``ds3_gather_for_generation=False``."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if params_sharded(trainer):
-        raise ValueError(
-            "held-out evaluation during training cannot run under DeepSpeed ZeRO-3 or FSDP: each process holds a shard "
-            "of the weights, and each samples its own prompts for its own number of decoding steps, so the "
-            "processes' weight gathers would not match and the run would hang. Evaluate the saved checkpoints with "
-            "`trl-variants evaluate` (it loads the whole model), or train with ZeRO-2 / DDP; on the command line "
-            "--heldout_eval_steps 0 turns the measurement off")
+        if backend == "vllm":
+            raise ValueError(
+                "held-out evaluation during training with backend='vllm' is not supported under DeepSpeed ZeRO-3 or "
+                "FSDP (untested there: vLLM does not run on the machines this project is tested on): use "
+                "backend='hf', which samples with the full weights gathered on every process, or evaluate the saved "
+                "checkpoints with `trl-variants evaluate --backend vllm`")
+        check_whole_policy_for_generation(trainer, "held-out evaluation during training")
     if backend == "vllm" and not getattr(trainer, "use_vllm", False):
         raise ValueError("backend='vllm' evaluates with the trainer's own vLLM engine (its current weights pushed "
                          "into it), and this trainer has none: set use_vllm=True in its config (vllm_mode "
@@ -48,18 +51,22 @@ def callback_config(trainer, config: EvalConfig, backend: str = "hf") -> EvalCon
 
 
 def evaluate_policy(trainer, dataset, reward_funcs, config: EvalConfig, name: str | None = None) -> dict:
-    """:func:`evaluate` on a trainer's current policy (sharded over its processes when there are several), leaving
-    the model in the train / eval mode it was in. Every process must call it. ``config.backend="vllm"``: sampled by
-    the trainer's vLLM engine (:func:`~trl_variants.presample.vllm_backend.trainer_generator`), scored as with
-    ``"hf"``."""
-    model = trainer.accelerator.unwrap_model(trainer.model)
-    was_training = model.training
+    """:func:`evaluate` on a trainer's current policy (its chunks shared between its processes when there are
+    several), leaving the model in the train / eval mode it was in and the random state as it was (training draws
+    the same numbers with or without evaluations). Every process must call it. Under DeepSpeed ZeRO-3 or FSDP2 each
+    process holds the full weights while it evaluates (:func:`~trl_variants._model.whole_policy_for_generation`).
+    ``config.backend="vllm"``: sampled by the trainer's vLLM engine
+    (:func:`~trl_variants.presample.vllm_backend.trainer_generator`), scored as with ``"hf"``."""
     multi = trainer.accelerator.num_processes > 1
     generator = trainer_generator(trainer) if config.backend == "vllm" else None
-    res = evaluate(model, trainer.processing_class, dataset, reward_funcs, config, name=name,
-                   accelerator=trainer.accelerator if multi else None, generator=generator)
-    model.train(was_training)
-    return res
+    # ZeRO-3 / FSDP2: the full weights on every process for the evaluation, each process sampling its own chunks
+    with whole_policy_for_generation(trainer) as model, preserved_random_state():  # sampling seeds torch: training's
+        was_training = model.training  # own draws must not depend on whether it evaluates
+        try:
+            return evaluate(model, trainer.processing_class, dataset, reward_funcs, config, name=name,
+                            accelerator=trainer.accelerator if multi else None, generator=generator)
+        finally:
+            model.train(was_training)
 
 
 class PassAtKCallback(TrainerCallback):
