@@ -272,14 +272,34 @@ def _watch_eepo_rollout_models(trainer, observed: dict) -> None:
     trainer._sync_vllm = watched
 
 
-def _watch_evaluations(observed: dict) -> None:
+def _fsdp2_state(model) -> dict:
+    """Under FSDP2: whether every parameter is back to its shard (a DTensor), and which parameter groups free their
+    full weights after a forward (torch's private state: a test-only read)."""
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.tensor import DTensor
+
+    groups = [g for m in model.modules() if isinstance(m, FSDPModule) for g in m._get_fsdp_state()._fsdp_param_groups]
+    return {"sharded": all(isinstance(p, DTensor) for p in model.parameters()),
+            "reshards_after_forward": [g.post_forward_mesh_info is not None for g in groups]}
+
+
+def _watch_evaluations(trainer, observed: dict) -> None:
     """Record what each held-out evaluation saw and measured: the number of weights of the model it sampled from and
     the sum of their magnitudes (under ZeRO-3 / FSDP: the full weights, gathered), its greedy accuracy and the
-    sampled completions' mean length."""
+    sampled completions' mean length; under FSDP2 also the state it left (``_fsdp2_state``)."""
     from trl_variants.evaluation import callbacks
 
-    evaluate = callbacks.evaluate
+    evaluate, evaluate_policy = callbacks.evaluate, callbacks.evaluate_policy
     seen = observed["heldout"] = []
+    left = observed["fsdp2_after_evaluations"] = []
+
+    def watched_policy(*args, **kwargs):
+        res = evaluate_policy(*args, **kwargs)
+        if trainer.is_fsdp_enabled:
+            left.append(_fsdp2_state(trainer.accelerator.unwrap_model(trainer.model)))
+        return res
+
+    callbacks.evaluate_policy = watched_policy
 
     def watched(model, *args, **kwargs):
         params = list(model.parameters())
@@ -347,7 +367,7 @@ def main(name: str, out: str) -> None:
         from trl_variants.evaluation import HeldOutCallback
 
         _phase_per_shard()
-        _watch_evaluations(observed)
+        _watch_evaluations(trainer, observed)
         heldout = load_default_dataset(n_train=0, n_test=6)["test"]
         trainer.add_callback(HeldOutCallback(trainer, heldout, k=2, eval_steps=2, plot=False))
     if name in ("dph", "dph_peft", "apo", "composed", "composed_ds"):  # what the offline pass produced (DPH-RL: the split it made), to compare backends
@@ -365,6 +385,8 @@ def main(name: str, out: str) -> None:
         observed["lazy_values"] = {str(r): v if math.isfinite(v) else None for r, v in sorted(lazy.values.items())}
         observed["lazy_steps"], observed["lazy_shards"] = lazy.steps, lazy.done
     observed["steps_run"] = PHASE.get("steps_run", 0)
+    if trainer.is_fsdp_enabled:
+        observed["fsdp2_at_end"] = _fsdp2_state(trainer.accelerator.unwrap_model(trainer.model))
     (out / f"rank{state.process_index}.json").write_text(json.dumps(observed))
     # the engine under DeepSpeed (ZeRO-3 gathers the shards), the DDP module or FSDP's sharded one otherwise
     state_dict = trainer.accelerator.get_state_dict(trainer.model_wrapped)  # collective; the full dict on rank 0

@@ -87,6 +87,13 @@ def test_two_processes_train_as_one(tmp_path, trainer, port):
                 assert seen["numel"] == expected["numel"]  # the whole model, not a shard
                 assert seen["abs_sum"] == pytest.approx(expected["abs_sum"], rel=1e-10)  # trained: 6e-7 apart
                 assert (seen["greedy"], seen["mean_length"]) == (expected["greedy"], expected["mean_length"])
+        # FSDP2: each evaluation (the first before any training forward) left the weights sharded again (no full
+        # copy kept) and every module's resharding as training has it: the decoder layers free their full weights
+        # after a forward, the group Accelerate keeps (embeddings, final norm, head) does not
+        after = [fsdp2["fsdp2_after_evaluations"], fsdp2["fsdp2_at_end"]]
+        assert len(after[0]) == 3 and all(state == after[1] for state in after[0]) and after[1]["sharded"]
+        resharding = after[1]["reshards_after_forward"]
+        assert 0 < sum(resharding) < len(resharding)
         if trainer == "eepo":  # each rank sampled stage 2 from the same unlearned model (its gathered shards)
             other = json.loads((tmp_path / "fsdp2" / "rank1.json").read_text())
             assert len(fsdp2["rollout_model_digests"]) == 3 and fsdp2["rollout_model_digests"] == other[
