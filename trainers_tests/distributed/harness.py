@@ -7,7 +7,8 @@ run on 1 process and a run on N processes can be compared.
 (On a machine without a GPU, an FSDP config runs FSDP2 over gloo: ``_fsdp_on_cpu``.) Switches in the environment:
 HARNESS_DTYPE, HARNESS_OPTIM, HARNESS_GA (gradient accumulation steps, the global batch kept), HARNESS_CHECKPOINTS=1
 (a checkpoint every step), HARNESS_RESUME=<checkpoint> (resume from it), HARNESS_HELDOUT=1 (held-out evaluation during
-training, ``HeldOutCallback``, logged); HARNESS_GC / HARNESS_PEFT / HARNESS_REENTRANT for the ``*_peft`` variants.
+training, ``HeldOutCallback``, logged), HARNESS_EEPO_READ=1 (``eepo``: the paper's gate, log-probs read while
+generating); HARNESS_GC / HARNESS_PEFT / HARNESS_REENTRANT for the ``*_peft`` variants.
 
 What is held fixed across process counts: the global batch (``per_device_train_batch_size = GLOBAL_ROWS / N``), the
 data order (TRL's seeded RepeatSampler over the global batch), the seed, and the completions. Sampling in a batched
@@ -204,8 +205,11 @@ def _config(name: str, world: int, out: Path):
 
     if name == "erpo":
         return ERPOConfig(num_generations=4, **common)
-    if name == "eepo":
-        return EEPOConfig(num_generations=4, entropy_gate="always", **common)
+    if name == "eepo":  # HARNESS_EEPO_READ=1: the paper's gate ("auto", held open by its threshold), with stage 1's
+        # entropy and stage 2's old log-probs read while generating (forced: the model is float64)
+        gate = dict(entropy_gate="auto", entropy_threshold=1e3, capture_stage2_logps=True) \
+            if os.environ.get("HARNESS_EEPO_READ") == "1" else dict(entropy_gate="always")
+        return EEPOConfig(num_generations=4, **gate, **common)
     if name == "dph":
         # forward KL (f(u) = -log u) with eta = 1: its gradient at u = 1 is not 0 (JS's is), so from the first step
         # the rehearsed rows and the token normalisation decide the update

@@ -67,7 +67,8 @@ def assert_same_run(one: Path, two: Path) -> None:
                                           ("composed_ds", 29631), ("apo_lazy", 29633), ("dapo_stream", 29635)])
 def test_two_processes_train_as_one(tmp_path, trainer, port):
     # EEPO's runs also evaluate on held-out prompts during training (HeldOutCallback: at the start, step 2, the end)
-    heldout = {"HARNESS_HELDOUT": "1"} if trainer == "eepo" else {}
+    # and run the paper's gate ("auto"), reading log-probs while generating
+    heldout = {"HARNESS_HELDOUT": "1", "HARNESS_EEPO_READ": "1"} if trainer == "eepo" else {}
     launch(1, trainer, tmp_path / "one", port, **heldout)
     launch(2, trainer, tmp_path / "two", port + 1, **heldout)
     assert_same_run(tmp_path / "one", tmp_path / "two")
@@ -98,6 +99,13 @@ def test_two_processes_train_as_one(tmp_path, trainer, port):
             other = json.loads((tmp_path / "fsdp2" / "rank1.json").read_text())
             assert len(fsdp2["rollout_model_digests"]) == 3 and fsdp2["rollout_model_digests"] == other[
                 "rollout_model_digests"]
+            # and read while generating on every process, though under FSDP generate steps every process until all
+            # are done (passes after a process's last token). Before, a process that saw such passes fell back to
+            # a separate forward, a collective the others never joined: the run hung (the tiny recipe, 2 processes)
+            assert fsdp2["reads_while_generating"] and other["reads_while_generating"]
+    if trainer == "eepo":  # 1 and 2 DDP processes read while generating, every step (no fallback)
+        assert all(json.loads((tmp_path / d / f"rank{r}.json").read_text())["reads_while_generating"]
+                   for d, r in (("one", 0), ("two", 0), ("two", 1)))
     if trainer in ("eepo", "composed_ds"):
         ranks = [json.loads((tmp_path / "two" / f"rank{r}.json").read_text()) for r in (0, 1)]
         digests = [r["rollout_model_digests"] for r in ranks]

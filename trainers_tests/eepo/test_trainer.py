@@ -293,6 +293,60 @@ def test_reading_while_generating_by_hand():
     assert blind.unreadable and blind.scores([[2], [0]]) is None
 
 
+def test_reading_passes_after_the_last_token_by_hand():
+    """Under FSDP / ZeRO-3 with several processes ``generate`` steps every process until all are done
+    (``synced_gpus``), and on MPS it stops one step late: passes after a call's last token. The first feeds the last
+    token back (its log-prob, as the last pass's distribution gives it); the rest feed it again, with the cache
+    moving on. Where they are expected (``passes_after_end``: the rollout sets it there) the read is the one without
+    them. Before, it was refused, and under FSDP the processes that saw such passes fell back to a separate forward, a
+    collective the others never joined (the run hung)."""
+    from types import SimpleNamespace
+
+    from trl_variants.eepo.part import _LogpsWhileGenerating
+
+    logits = [torch.tensor([[0.0, 1.0, 2.0], [2.0, 0.0, 0.0]]), torch.tensor([[1.0, 1.0, 0.0], [0.0, 3.0, 0.0]])]
+    after = [torch.tensor([[4.0, 0.0, 1.0], [0.0, 0.0, 5.0]]), torch.tensor([[0.0, 7.0, 1.0], [1.0, 0.0, 0.0]])]
+
+    def read(extra: int, last_fed=(1, 0), expected=True):
+        reader = _LogpsWhileGenerating(torch.nn.Identity(), temperature=2.0, passes_after_end=expected)
+        reader._read(None, (), {"input_ids": torch.tensor([[5, 6], [5, 7]])}, SimpleNamespace(logits=logits[0][:, None]))
+        reader._read(None, (), {"input_ids": torch.tensor([[2], [0]])}, SimpleNamespace(logits=logits[1][:, None]))
+        for step in after[:extra]:  # generate feeds the last token (row 2: a pad, it had ended) again and again
+            reader._read(None, (), {"input_ids": torch.tensor([list(last_fed)]).T}, SimpleNamespace(logits=step[:, None]))
+        return reader.scores([[2, 1], [0]])
+
+    plain = read(0)
+    for extra in (1, 2):
+        for got, expected in zip(read(extra), plain, strict=True):
+            torch.testing.assert_close(got, expected)
+    assert read(2, last_fed=(2, 0)) is None  # a pass fed back a token that is not the completion's last
+    assert read(1, expected=False) is None  # where generate stops at the last token, such a pass is another path
+
+
+def test_processes_agree_on_reading_while_generating():
+    """When any process cannot use what it read, none does: under FSDP the separate forward that replaces the read is
+    a collective. Here this process read fine and another did not (the sum of 'cannot' flags is 1)."""
+    from types import SimpleNamespace
+
+    from trl_variants.eepo.part import TwoStageRollout, _LogpsWhileGenerating
+
+    reader = _LogpsWhileGenerating(torch.nn.Identity(), temperature=1.0)
+    reader._read(None, (), {"input_ids": torch.tensor([[5, 6]])}, SimpleNamespace(logits=torch.zeros(1, 1, 3)))
+    assert reader.scores([[2]]) is not None
+    flags = []
+
+    def reduce(t, op):
+        flags.append((t.item(), op))
+        return t + 1  # another process's flag
+
+    trainer = SimpleNamespace(accelerator=SimpleNamespace(num_processes=2, device=torch.device("cpu"), reduce=reduce))
+    part = TwoStageRollout()
+    part.capture = True
+    with pytest.warns(UserWarning, match="generating stage 1 do not match"):
+        assert part._read(trainer, reader, [[2]], stage=1) is None
+    assert flags == [(0.0, "sum")] and not part.capture  # never tried again, on any process
+
+
 def test_reading_several_generate_calls_by_hand():
     """Several generate calls in one context (a generation path that samples row by row): a pass whose KV cache holds
     only its own tokens starts a new call, whose rows follow the previous call's; each call is read as one."""

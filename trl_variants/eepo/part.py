@@ -80,8 +80,9 @@ class _LogpsWhileGenerating(contextlib.AbstractContextManager):
     ``generate`` calls inside one context (e.g. a generation path that samples row by row) are read one after the
     other: a pass whose KV cache holds only its own tokens starts a new call, whose rows follow the previous ones."""
 
-    def __init__(self, module, temperature: float):
+    def __init__(self, module, temperature: float, passes_after_end: bool = False):
         self.module, self.temperature = module, temperature
+        self.passes_after_end = passes_after_end  # generate may run passes after a call's last token (see below)
         self.calls: list[dict] = []  # per generate call: logps, entropies, fed (lists of (rows,) tensors), last
         self.unreadable = False  # a pass without token ids or logits (e.g. embeddings fed in): score separately
 
@@ -132,7 +133,7 @@ class _LogpsWhileGenerating(contextlib.AbstractContextManager):
         parts, row = [], 0
         for call in self.calls:
             rows = call["last"].size(0)
-            part = self._call_scores(call, completions[row:row + rows])
+            part = self._call_scores(call, completions[row:row + rows], self.passes_after_end)
             if part is None:
                 return None
             parts.append(part)
@@ -144,21 +145,30 @@ class _LogpsWhileGenerating(contextlib.AbstractContextManager):
                      for k in range(3))
 
     @staticmethod
-    def _call_scores(call, completions):
-        """One generate call's ``(logps, entropies, mask)``, or None (e.g. beam search: several hypotheses per row)."""
+    def _call_scores(call, completions, passes_after_end: bool = False):
+        """One generate call's ``(logps, entropies, mask)``, or None (e.g. beam search: several hypotheses per row).
+
+        ``passes_after_end``: passes after the last token (more passes than completion tokens) are expected, where
+        ``generate`` goes on after this call's rows have all finished: under FSDP / ZeRO-3 with several processes
+        (``synced_gpus``: every process steps until all are done) and with a deferred stop check (transformers on
+        MPS). The first of them fed the last token back, which gives its log-prob; the others see nothing of the
+        completions and are left out. Elsewhere such passes mean another generation path: None."""
         steps, width = len(call["entropies"]), max((len(c) for c in completions), default=0)
         last = call["last"]
-        if steps != width or width == 0 or last.size(0) != len(completions):
+        if steps < width or steps > width and not passes_after_end or width == 0 or last.size(0) != len(completions):
             return None
         ids = torch.zeros(len(completions), width, dtype=torch.long, device=last.device)
         mask = torch.zeros(len(completions), width, dtype=torch.long, device=last.device)
         for i, c in enumerate(completions):
             ids[i, : len(c)] = torch.tensor(c, dtype=torch.long)
             mask[i, : len(c)] = 1
-        if call["fed"] and not torch.equal(torch.stack(call["fed"], 1) * mask[:, :-1], ids[:, :-1] * mask[:, :-1]):
+        fed = call["fed"][:width]  # width - 1 tokens fed back, or width when a pass came after the last token
+        if fed and not torch.equal(torch.stack(fed, 1) * mask[:, : len(fed)], ids[:, : len(fed)] * mask[:, : len(fed)]):
             return None  # the tokens fed back are not the completions' (another generation path)
-        logps = torch.stack([*call["logps"], last.gather(-1, ids[:, -1:]).squeeze(-1)], dim=1)
-        return logps * mask, torch.stack(call["entropies"], dim=1) * mask, mask
+        read = call["logps"][:width]
+        if len(read) < width:  # no pass after the last token: its log-prob from the last pass's distribution
+            read = [*read, last.gather(-1, ids[:, -1:]).squeeze(-1)]
+        return torch.stack(read, dim=1) * mask, torch.stack(call["entropies"][:width], dim=1) * mask, mask
 
 
 STATIC_ROPE = ("default", "linear", "llama3", "yarn")  # rotary embeddings that do not depend on the sequence length
@@ -281,7 +291,7 @@ class TwoStageRollout(Part):
         read_stage1 = trainer.args.entropy_gate == "auto"
         with self._reader(trainer, model) if read_stage1 else contextlib.nullcontext() as reader:
             c1, lp1 = grpo_generate(p1, None, {}, k1)  # "auto": read while generating, a closed gate needs no forward
-        read1 = self._read(reader, c1, stage=1)
+        read1 = self._read(trainer, reader, c1, stage=1)
         # 2. entropy gate: stage 1's entropy read while generating it, or from the forward with grad whose log-probs
         #    feed the unlearning loss (then that forward also serves the gate)
         logps1 = None
@@ -337,7 +347,7 @@ class TwoStageRollout(Part):
             #    under it too (how much the step lowered it)
             with self._reader(trainer, model) as reader:
                 c2, lp2 = grpo_generate(p2, None, {}, k2)
-            captured = self._read(reader, c2, stage=2)
+            captured = self._read(trainer, reader, c2, stage=2)
             rescored_p, rescored_c = ([], []) if captured is not None else (p2, c2)
             if measure_drop:
                 rescored_p, rescored_c = rescored_p + p1, rescored_c + c1
@@ -377,15 +387,24 @@ class TwoStageRollout(Part):
         """What reads log-probs while ``generate`` samples (nothing when this rollout does not read them)."""
         if not self.capture:
             return contextlib.nullcontext()
+        accelerator = trainer.accelerator  # synced_gpus (sharded weights, several processes) or a late stop (MPS)
+        late = accelerator.num_processes > 1 and params_sharded(trainer) or accelerator.device.type == "mps"
         return _LogpsWhileGenerating(model.get_base_model() if is_peft_model(model) else model,
-                                     trainer.temperature)
+                                     trainer.temperature, passes_after_end=late)
 
-    def _read(self, reader, completions, stage: int):
+    def _read(self, trainer, reader, completions, stage: int):
         """``(logps, entropies, mask)`` read while generating ``completions``, or None: not read, or (warned once,
-        then never tried again) a generation path whose passes do not match the completions."""
+        then never tried again) a generation path whose passes do not match the completions. Every process decides
+        alike (if one cannot read, none keeps what it read): the separate forwards that replace the reading are
+        collectives under FSDP, where processes deciding apart would wait for each other for ever."""
         if reader is None:  # not read (nullcontext): capture off, or stage 1 under a gate other than "auto"
             return None
         scores = reader.scores(completions)
+        accelerator = trainer.accelerator
+        if accelerator.num_processes > 1:
+            unread = torch.tensor(float(scores is None), device=accelerator.device)
+            if accelerator.reduce(unread, "sum").item() > 0:
+                scores = None
         if scores is None:
             self.capture = False
             warnings.warn(f"EEPO: the forward passes seen while generating stage {stage} do not match its completions "

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import collections
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -69,6 +70,27 @@ def evaluate_policy(trainer, dataset, reward_funcs, config: EvalConfig, name: st
             model.train(was_training)
 
 
+def log_apart(trainer, logs: dict, control=None) -> None:
+    """``trainer.log(logs)`` as an entry of its own that takes nothing from the step's own log. GRPOTrainer's ``log``
+    adds (and clears) the rollout metrics gathered since its last log, and transformers cancels the step's pending
+    log (``control.should_log``) after any log: a measurement logged from ``on_step_end`` took the step's rollout
+    metrics and dropped its loss, gradient norm and learning rate (the loss then joined the next log's mean). Here
+    the metrics stay for the step's log, and so does the pending log."""
+    pending = control.should_log if control is not None else None
+    metrics = getattr(trainer, "_metrics", None)  # GRPOTrainer's {"train": ..., "eval": ...}
+    mode = "train" if trainer.model.training else "eval"
+    held = metrics.get(mode) if isinstance(metrics, dict) else None
+    if held is not None:
+        metrics[mode] = collections.defaultdict(list)
+    try:
+        trainer.log(logs)
+    finally:
+        if held is not None:
+            metrics[mode] = held
+        if control is not None:
+            control.should_log = pending
+
+
 class PassAtKCallback(TrainerCallback):
     """Run :func:`evaluate` on ``dataset`` every ``eval_steps`` optimizer steps and log the numbers through the
     trainer's logging (``eval_passk/greedy``, ``eval_passk/T<t>/avg@k``, ``.../pass@k``, ``.../entropy``).
@@ -101,7 +123,7 @@ class PassAtKCallback(TrainerCallback):
             logs[f"eval_passk/T{t}/pass@{k}"] = e["pass@k"][str(k)]
             if "entropy" in e:
                 logs[f"eval_passk/T{t}/entropy"] = e["entropy"]
-        trainer.log(logs)
+        log_apart(trainer, logs, control)
 
 
 class HeldOutCallback(TrainerCallback):
@@ -132,7 +154,7 @@ class HeldOutCallback(TrainerCallback):
         self.matplotlib = have_matplotlib() if plot else False  # without it: the numbers, and a note for the plot
         self.history: list[dict] = []
 
-    def _measure(self, step: int) -> None:
+    def _measure(self, step: int, control=None) -> None:
         if self.history and self.history[-1]["step"] == step:
             return
         trainer = self.trainer
@@ -140,14 +162,14 @@ class HeldOutCallback(TrainerCallback):
         k, t = self.config.k, str(self.temperature)
         row = {"step": step, "greedy": res["greedy"], f"avg@{k}": res["temperatures"][t][f"avg@{k}"]}
         self.history.append(row)
-        trainer.log({f"heldout/{key}": v for key, v in row.items() if key != "step"})
+        log_apart(trainer, {f"heldout/{key}": v for key, v in row.items() if key != "step"}, control)
 
     def on_train_begin(self, args, state, control, **kwargs):
         self._measure(state.global_step)
 
     def on_step_end(self, args, state, control, **kwargs):
         if state.global_step % self.eval_steps == 0:
-            self._measure(state.global_step)
+            self._measure(state.global_step, control)
 
     def on_train_end(self, args, state, control, **kwargs):
         self._measure(state.global_step)
