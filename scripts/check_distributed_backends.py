@@ -4,6 +4,7 @@
     python scripts/check_distributed_backends.py --resume [--trainers erpo eepo dph apo dph_peft]  # resume from a
                                                          # checkpoint under each backend (and DDP)
     python scripts/check_distributed_backends.py --heldout  # with held-out evaluation during training
+    python scripts/check_distributed_backends.py --recipes  # each method's example script and tiny recipe
 
 Runs ``trainers_tests/distributed/harness.py`` (3 optimizer steps, fixed global batch and completions) with
 ``torchrun`` (gloo DDP, the reference) and with ``accelerate launch --config_file configs/accelerate/<backend>.yaml
@@ -223,17 +224,85 @@ def compare_backends(args, out: Path, heldout: bool) -> None:
                            "offline pass identical to DDP's": lambda r: r.get("offline_pass_equal", "")})
 
 
+RECIPE_METHODS = ["erpo", "eepo", "dph", "apo", "composed", "grpo"]
+
+
+def check_recipes(args, out: Path) -> None:
+    """``--recipes``: each method's example script with its tiny recipe (what the README runs), as a user launches it
+    under DDP (configs/accelerate/multi_cpu.yaml) and each backend: 2 processes, 3 steps, held-out evaluation before
+    training, at step 2 and at the end. Records whether it ran, the backend its first line names, the held-out greedy
+    accuracy before and after, and a failed run's error. The harness runs fix the completions to compare numbers;
+    these run the recipes' own settings (temperature 1, completions of any length, EEPO's "auto" gate)."""
+    work = out / "runs"
+    work.mkdir(parents=True, exist_ok=True)
+    rows, port = [], 29800
+    methods = args.trainers if args.trainers != DEFAULT_TRAINERS else RECIPE_METHODS
+    for method in methods:
+        for backend in ["multi_cpu", *args.backends]:
+            port += 1
+            run_dir = work / f"recipe-{method}-{backend}"
+            shutil.rmtree(run_dir, ignore_errors=True)
+            env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+            device = []
+            if backend.startswith("fsdp"):  # FSDP over gloo on a machine without a GPU: the harness's lift
+                env["PYTHONPATH"] = str(HARNESS.parent / "fsdp_on_cpu")
+                device = ["--use_cpu", "false"]
+            cmd = [str(BIN / "accelerate"), "launch", "--config_file", str(ROOT / "configs" / "accelerate" /
+                   f"{backend}.yaml"), "--num_processes", "2", "--mixed_precision", "no", "--main_process_port",
+                   str(port), str(ROOT / "examples" / f"train_{method}.py"), "--max_steps", "3",
+                   "--heldout_eval_steps", "2", "--embedded_test_size", "8", "--embedded_train_size", "64",
+                   "--output_dir", str(run_dir), "--report_to", "none", "--save_strategy", "no", "--bf16", "false",
+                   "--logging_steps", "1", *device]
+            start = time.time()
+            log = work / f"{run_dir.name}.log"
+            with open(log, "w") as f:
+                proc = subprocess.run(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, timeout=900, cwd=ROOT)
+            text = log.read_text()
+            row = {"trainer": method, "backend": "ddp" if backend == "multi_cpu" else backend,
+                   "ran": proc.returncode == 0, "seconds": round(time.time() - start), "error": ""}
+            first = [line for line in text.splitlines() if line.startswith("training on ")]
+            row["runs_as"] = first[0].removeprefix("training on ") if first else ""
+            if proc.returncode == 0 and (run_dir / "heldout.json").exists():
+                history = json.loads((run_dir / "heldout.json").read_text())["history"]
+                row["heldout_greedy"] = [h["greedy"] for h in history]
+                row["heldout_steps"] = [h["step"] for h in history]
+            else:
+                errors = [line for line in text.splitlines() if "Error" in line and "rank" in line]
+                row["error"] = (errors[-1] if errors else text.strip().splitlines()[-1])[:300]
+            shutil.rmtree(run_dir, ignore_errors=True)  # the saved model and its card; the log stays
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    rows = merged(out / "recipes.json", rows)
+    write_table(out / "recipes.md", "Each method's tiny recipe (examples/train_<method>.py) under each backend, 2 CPU "
+                "processes", "--recipes", "3 steps, held-out evaluation on 8 prompts before training, at step 2 and at "
+                "the end; the recipes' own sampling settings.", rows,
+                {"ran": lambda r: "yes" if r["ran"] else "no", "runs as (its first line)": lambda r: r["runs_as"],
+                 "held-out greedy (steps)": lambda r: (" -> ".join(f"{g:.3f}" for g in r["heldout_greedy"])
+                                                       + f" ({', '.join(map(str, r['heldout_steps']))})")
+                 if "heldout_greedy" in r else "",
+                 "seconds": lambda r: r["seconds"]})
+
+
+DEFAULT_TRAINERS = ["erpo", "eepo", "dph", "apo"]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--trainers", nargs="+", default=["erpo", "eepo", "dph", "apo"])
+    parser.add_argument("--trainers", nargs="+", default=DEFAULT_TRAINERS)
     parser.add_argument("--backends", nargs="+", default=["zero2", "zero3", "fsdp2"])
     parser.add_argument("--resume", action="store_true",
                         help="instead: resume from a checkpoint under each backend (results/distributed/resume.md)")
     parser.add_argument("--heldout", action="store_true",
                         help="with held-out evaluation during training in every run (results/distributed/heldout.md)")
+    parser.add_argument("--recipes", action="store_true",
+                        help="instead: each method's tiny recipe through its example script, under DDP and each "
+                             "backend (results/distributed/recipes.md; --trainers names methods, default all six)")
     parser.add_argument("--out", default=str(ROOT / "results" / "distributed"))
     args = parser.parse_args()
     out = Path(args.out)
+    if args.recipes:
+        check_recipes(args, out)
+        return
     if args.resume:
         check_resume(args, out)
         return
