@@ -236,7 +236,7 @@ def check_recipes(args, out: Path) -> None:
     work = out / "runs"
     work.mkdir(parents=True, exist_ok=True)
     rows, port = [], 29800
-    methods = args.trainers if args.trainers != DEFAULT_TRAINERS else RECIPE_METHODS
+    methods = args.trainers or RECIPE_METHODS
     for method in methods:
         for backend in ["multi_cpu", *args.backends]:
             port += 1
@@ -256,13 +256,19 @@ def check_recipes(args, out: Path) -> None:
             start = time.time()
             log = work / f"{run_dir.name}.log"
             with open(log, "w") as f:
-                proc = subprocess.run(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, timeout=900, cwd=ROOT)
+                try:
+                    returncode = subprocess.run(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, timeout=900,
+                                                cwd=ROOT).returncode
+                except subprocess.TimeoutExpired:  # a hang: what this mode is for; recorded, and the sweep goes on
+                    returncode = None
             text = log.read_text()
             row = {"trainer": method, "backend": "ddp" if backend == "multi_cpu" else backend,
-                   "ran": proc.returncode == 0, "seconds": round(time.time() - start), "error": ""}
+                   "ran": returncode == 0, "seconds": round(time.time() - start), "error": ""}
             first = [line for line in text.splitlines() if line.startswith("training on ")]
             row["runs_as"] = first[0].removeprefix("training on ") if first else ""
-            if proc.returncode == 0 and (run_dir / "heldout.json").exists():
+            if returncode is None:
+                row["error"] = "timed out after 900 s (a hang?)"
+            elif returncode == 0 and (run_dir / "heldout.json").exists():
                 history = json.loads((run_dir / "heldout.json").read_text())["history"]
                 row["heldout_greedy"] = [h["greedy"] for h in history]
                 row["heldout_steps"] = [h["step"] for h in history]
@@ -288,7 +294,8 @@ DEFAULT_TRAINERS = ["erpo", "eepo", "dph", "apo"]
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--trainers", nargs="+", default=DEFAULT_TRAINERS)
+    parser.add_argument("--trainers", nargs="+", default=None,
+                        help=f"default: {' '.join(DEFAULT_TRAINERS)} (--recipes: {' '.join(RECIPE_METHODS)})")
     parser.add_argument("--backends", nargs="+", default=["zero2", "zero3", "fsdp2"])
     parser.add_argument("--resume", action="store_true",
                         help="instead: resume from a checkpoint under each backend (results/distributed/resume.md)")
@@ -303,6 +310,7 @@ def main() -> None:
     if args.recipes:
         check_recipes(args, out)
         return
+    args.trainers = args.trainers or DEFAULT_TRAINERS
     if args.resume:
         check_resume(args, out)
         return

@@ -95,15 +95,16 @@ def whole_policy_for_generation(trainer):
       weights are freed (``reshard()``) and each module's resharding is put back as it was.
     * Otherwise (one process, DDP, ZeRO-1/2): the unwrapped model as it is.
 
-    Read-only: nothing written to the weights inside is kept under ZeRO-3. Refused setups:
-    :func:`check_whole_policy_for_generation`."""
+    Read-only: nothing written to the weights inside is kept under ZeRO-3. Moving the model inside (``.to``) would
+    reshard FSDP2's modules: leave it where it is. Refused setups: :func:`check_whole_policy_for_generation`."""
+    check_whole_policy_for_generation(trainer, "sampling with the full weights")
     if _zero3(trainer):
         from trl.models import unwrap_model_for_generation
 
         with unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator, gather_deepspeed3_params=True,
                                          gradient_checkpointing_kwargs=trainer.args.gradient_checkpointing_kwargs
                                          ) as model:
-            yield model
+            yield model  # TRL puts DeepSpeed's hooks back only when this returns: an error here ends the run
         return
     model = trainer.accelerator.unwrap_model(trainer.model)
     if not fsdp2_sharded(trainer):
@@ -118,11 +119,11 @@ def whole_policy_for_generation(trainer):
     states = [m._get_fsdp_state() for m in modules]
     saved = [(s, s._auto_reshard_after_forward, [(g, g.post_forward_mesh_info) for g in s._fsdp_param_groups])
              for s in states]
-    for m in modules:
-        m.set_reshard_after_forward(False, recurse=False)
-    for m in modules:  # the same modules in the same order on every process: matching all-gathers
-        m.unshard()
     try:
+        for m in modules:
+            m.set_reshard_after_forward(False, recurse=False)
+        for m in modules:  # the same modules in the same order on every process: matching all-gathers
+            m.unshard()
         yield model
     finally:
         for m in modules:

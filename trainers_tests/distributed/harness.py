@@ -290,7 +290,8 @@ def _fsdp2_state(model) -> dict:
 def _watch_evaluations(trainer, observed: dict) -> None:
     """Record what each held-out evaluation saw and measured: the number of weights of the model it sampled from and
     the sum of their magnitudes (under ZeRO-3 / FSDP: the full weights, gathered), its greedy accuracy and the
-    sampled completions' mean length; under FSDP2 also the state it left (``_fsdp2_state``)."""
+    sampled completions' mean length, and (FSDP2) how many weight all-gathers ran while it sampled, in all so far
+    (none: the weights were gathered before it began); under FSDP2 also the state it left (``_fsdp2_state``)."""
     from trl_variants.evaluation import callbacks
 
     evaluate, evaluate_policy = callbacks.evaluate, callbacks.evaluate_policy
@@ -305,12 +306,29 @@ def _watch_evaluations(trainer, observed: dict) -> None:
 
     callbacks.evaluate_policy = watched_policy
 
+    gathers = {"inside": False, "count": 0}  # FSDP2's weight all-gathers while an evaluation runs (expected: none)
+    if trainer.is_fsdp_enabled:
+        from torch.distributed.fsdp._fully_shard import _fsdp_param_group
+
+        all_gather = _fsdp_param_group.foreach_all_gather
+
+        def counted(*args, **kwargs):
+            gathers["count"] += gathers["inside"]
+            return all_gather(*args, **kwargs)
+
+        _fsdp_param_group.foreach_all_gather = counted
+
     def watched(model, *args, **kwargs):
-        params = list(model.parameters())
-        res = evaluate(model, *args, **kwargs)
+        gathers["inside"] = True
+        try:
+            res = evaluate(model, *args, **kwargs)
+        finally:
+            gathers["inside"] = False
+        params = list(model.parameters())  # after sampling, still inside the evaluation's full weights
         seen.append({"numel": sum(p.numel() for p in params),
                      "abs_sum": sum(p.detach().double().abs().sum().item() for p in params),
-                     "greedy": res["greedy"], "mean_length": [t["mean_length"] for t in res["temperatures"].values()]})
+                     "greedy": res.get("greedy"), "mean_length": [t["mean_length"] for t in res["temperatures"].values()],
+                     "weight_gathers": gathers["count"]})
         return res
 
     callbacks.evaluate = watched
@@ -368,12 +386,15 @@ def main(name: str, out: str) -> None:
     if os.environ.get("HARNESS_HELDOUT") == "1":  # held-out accuracy at the start, at step 2 and at the end, logged:
         # the processes share out its chunks (greedy and sampled: uneven numbers of forwards per process)
         from trl_variants.default import load_default_dataset
-        from trl_variants.evaluation import HeldOutCallback
+        from trl_variants.evaluation import EvalConfig, HeldOutCallback, PassAtKCallback
 
         _phase_per_shard()
         _watch_evaluations(trainer, observed)
         heldout = load_default_dataset(n_train=0, n_test=6)["test"]
         trainer.add_callback(HeldOutCallback(trainer, heldout, k=2, eval_steps=2, plot=False))
+        # and one chunk of one sampled pass, entropies scored: a single unit of work, so one of 2 processes has none
+        trainer.add_callback(PassAtKCallback(trainer, heldout, EvalConfig(k=2, temperatures=[1.0], greedy=False,
+                                                                          max_completion_length=16), eval_steps=3))
     if name in ("dph", "dph_peft", "apo", "composed", "composed_ds"):  # what the offline pass produced (DPH-RL: the split it made), to compare backends
         parts = [trainer.train_dataset] + ([trainer.pef_dataset] if name != "apo" else [])
         text = json.dumps([part.to_dict() for part in parts], sort_keys=True, default=str)

@@ -82,7 +82,10 @@ def test_two_processes_train_as_one(tmp_path, trainer, port):
         # chunks (the greedy pass on one, the sampled pass on the other)
         runs = [json.loads((tmp_path / d / f"rank{r}.json").read_text())["heldout"]
                 for d, r in (("one", 0), ("two", 0), ("two", 1), ("fsdp2", 0), ("fsdp2", 1))]
-        assert len(runs[0]) == 3 and runs[0][0]["abs_sum"] != runs[0][-1]["abs_sum"]  # trained between them
+        # held-out at steps 0 and 2, pass@k at step 3 (one unit of work: one of 2 processes has none), held-out at
+        # the end
+        assert len(runs[0]) == 4 and runs[0][0]["abs_sum"] != runs[0][-1]["abs_sum"]  # trained between them
+        assert runs[3][-1]["weight_gathers"] == runs[4][-1]["weight_gathers"] == 0  # FSDP2: none while sampling
         for run in runs[1:]:
             for seen, expected in zip(run, runs[0], strict=True):
                 assert seen["numel"] == expected["numel"]  # the whole model, not a shard
@@ -92,7 +95,7 @@ def test_two_processes_train_as_one(tmp_path, trainer, port):
         # copy kept) and every module's resharding as training has it: the decoder layers free their full weights
         # after a forward, the group Accelerate keeps (embeddings, final norm, head) does not
         after = [fsdp2["fsdp2_after_evaluations"], fsdp2["fsdp2_at_end"]]
-        assert len(after[0]) == 3 and all(state == after[1] for state in after[0]) and after[1]["sharded"]
+        assert len(after[0]) == 4 and all(state == after[1] for state in after[0]) and after[1]["sharded"]
         resharding = after[1]["reshards_after_forward"]
         assert 0 < sum(resharding) < len(resharding)
         if trainer == "eepo":  # each rank sampled stage 2 from the same unlearned model (its gathered shards)

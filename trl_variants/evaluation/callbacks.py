@@ -82,9 +82,12 @@ def log_apart(trainer, logs: dict, control=None) -> None:
     held = metrics.get(mode) if isinstance(metrics, dict) else None
     if held is not None:
         metrics[mode] = collections.defaultdict(list)
+    completions = getattr(trainer, "log_completions", False)  # GRPOTrainer would print and store the step's
+    trainer.log_completions = False  # completions again with this entry
     try:
         trainer.log(logs)
     finally:
+        trainer.log_completions = completions
         if held is not None:
             metrics[mode] = held
         if control is not None:

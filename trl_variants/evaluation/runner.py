@@ -11,6 +11,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 
+import torch
+
 from .._validation import (
     check_reward_column_values,
     check_train_dataset,
@@ -26,6 +28,13 @@ from .config import EvalConfig
 from .metrics import aggregate, correctness_index, reward_labels
 from .resume import ResultsFile, run_key
 from .sampling import check_backend, eval_device, make_generator, pass_config, run_chunk
+
+
+def _on_device(where: torch.device, device) -> bool:
+    """Whether a tensor on ``where`` is on ``device`` (``cpu`` is ``cpu:0``; an index left out is the current one)."""
+    device = torch.device(device)
+    return where.type == device.type and (where.index is None or device.index is None or where.index == device.index
+                                          or where.type == "cpu")
 
 
 def evaluate(
@@ -121,8 +130,11 @@ def evaluate(
     name = name or getattr(model.config, "_name_or_path", "model")
     scores = config.compute_entropy or reference_model is not None
     moved = config.backend == "hf" or generator is not None or scores
-    if moved:
-        model = model.to(device)  # with its own vLLM engine and nothing to score, the model stays off the GPU
+    # with its own vLLM engine and nothing to score, the model stays off the GPU. A model already there is left as it
+    # is: under FSDP2 ``.to`` reshards every module, and a trainer's evaluation holds the full weights
+    # (``whole_policy_for_generation``): each module would gather them again at its first forward, a collective
+    if moved and not all(_on_device(p.device, device) for p in model.parameters()):
+        model = model.to(device)
     if loaded and (accelerator is None or accelerator.is_main_process):
         dtype_name = str(next(model.parameters()).dtype).removeprefix("torch.")
         where = f"evaluate {name}: model on {device if moved else next(model.parameters()).device} ({dtype_name})"
