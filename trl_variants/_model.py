@@ -103,7 +103,7 @@ def whole_policy_for_generation(trainer):
 
         with unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator, gather_deepspeed3_params=True,
                                          gradient_checkpointing_kwargs=trainer.args.gradient_checkpointing_kwargs
-                                         ) as model:
+                                         ) as model, _without_start_of_forward_hook(trainer.model_wrapped):
             yield model  # TRL puts DeepSpeed's hooks back only when this returns: an error here ends the run
         return
     model = trainer.accelerator.unwrap_model(trainer.model)
@@ -132,6 +132,29 @@ def whole_policy_for_generation(trainer):
             s._auto_reshard_after_forward = auto
             for g, info in groups:
                 g.post_forward_mesh_info = info
+
+
+@contextmanager
+def _without_start_of_forward_hook(engine):
+    """DeepSpeed ZeRO-3's start-of-forward hook left out for a while. TRL's ``unwrap_model_for_generation`` removes
+    ZeRO-3's parameter hooks but not this one, which DeepSpeed 0.19.8 registers on the top module: at a forward after
+    the trace was reset (TRL resets it when it puts the hooks back) it checks the recorded module order against the
+    other processes, a broadcast. A process that samples nothing (fewer chunks than processes) never joins it: a
+    hang. The hook is put back where it was (first among the module's forward pre-hooks)."""
+    optimizer = getattr(engine, "optimizer", None)
+    offload = getattr(optimizer, "parameter_offload", None)
+    handle = getattr(offload, "fwd_pre_hook", None)
+    if handle is None:
+        yield
+        return
+    hooks = offload.module._forward_pre_hooks
+    saved = dict(hooks)
+    hooks.pop(handle.id, None)
+    try:
+        yield
+    finally:
+        hooks.clear()
+        hooks.update(saved)
 
 
 def full_parameters(trainer, params=None):
