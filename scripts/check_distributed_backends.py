@@ -34,11 +34,20 @@ TIMING = {"step_time", "train_runtime", "train_samples_per_second", "train_steps
           "offline_pass/seconds"}
 
 
-def run(cmd, env, log: Path) -> tuple[bool, str]:
+def harness_ok(text: str) -> bool:
+    return text.count("OK") >= 2  # the two ranks' "OK r" lines may interleave
+
+
+def run(cmd, env, log: Path, timeout: int = 1500, finished=harness_ok, cwd=None) -> tuple[bool, str]:
+    """Run ``cmd`` with its output in ``log``: whether it exited 0 and ``finished(output)`` says so, and otherwise the
+    last error line. A run past ``timeout`` (a hang) is a failure of its own; the sweep goes on."""
     with open(log, "w") as f:
-        proc = subprocess.run(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, timeout=1500)
+        try:
+            proc = subprocess.run(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, timeout=timeout, cwd=cwd)
+        except subprocess.TimeoutExpired:
+            return False, f"timed out after {timeout} s (a hang?)"
     text = log.read_text()
-    if proc.returncode == 0 and text.count("OK") >= 2:  # the two ranks' "OK r" lines may interleave
+    if proc.returncode == 0 and finished(text):
         return True, ""
     errors = [line for line in text.splitlines() if line.startswith("[rank0]:") and "Error" in line]
     errors = errors or [line for line in text.splitlines() if "Error" in line]
@@ -255,26 +264,16 @@ def check_recipes(args, out: Path) -> None:
                    "--logging_steps", "1", *device]
             start = time.time()
             log = work / f"{run_dir.name}.log"
-            with open(log, "w") as f:
-                try:
-                    returncode = subprocess.run(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, timeout=900,
-                                                cwd=ROOT).returncode
-                except subprocess.TimeoutExpired:  # a hang: what this mode is for; recorded, and the sweep goes on
-                    returncode = None
-            text = log.read_text()
+            ok, error = run(cmd, env, log, timeout=900, finished=lambda _, d=run_dir: (d / "heldout.json").exists(),
+                            cwd=ROOT)
             row = {"trainer": method, "backend": "ddp" if backend == "multi_cpu" else backend,
-                   "ran": returncode == 0, "seconds": round(time.time() - start), "error": ""}
-            first = [line for line in text.splitlines() if line.startswith("training on ")]
+                   "ran": ok, "seconds": round(time.time() - start), "error": error}
+            first = [line for line in log.read_text().splitlines() if line.startswith("training on ")]
             row["runs_as"] = first[0].removeprefix("training on ") if first else ""
-            if returncode is None:
-                row["error"] = "timed out after 900 s (a hang?)"
-            elif returncode == 0 and (run_dir / "heldout.json").exists():
+            if ok:
                 history = json.loads((run_dir / "heldout.json").read_text())["history"]
                 row["heldout_greedy"] = [h["greedy"] for h in history]
                 row["heldout_steps"] = [h["step"] for h in history]
-            else:
-                errors = [line for line in text.splitlines() if "Error" in line and "rank" in line]
-                row["error"] = (errors[-1] if errors else text.strip().splitlines()[-1])[:300]
             shutil.rmtree(run_dir, ignore_errors=True)  # the saved model and its card; the log stays
             rows.append(row)
             print(json.dumps(row), flush=True)
