@@ -137,3 +137,46 @@ def test_js_definition_terms_hand_computed():
     ref_side, policy_side = losses.js_definition_terms(torch.tensor([0.0, math.log(2.0), math.log(0.5)]))
     torch.testing.assert_close(ref_side, torch.tensor([0.0, -math.log(1.5), -math.log(0.75)]))
     torch.testing.assert_close(policy_side, torch.tensor([0.0, math.log(2 / 1.5), math.log(0.5 / 0.75)]))
+
+
+# ------------------------------------------------------------------------------------- low-precision inputs ---
+def _bf16(*values):
+    return torch.tensor(values, dtype=torch.bfloat16)
+
+
+def test_unlearning_terms_of_bf16_log_probs_are_finite_with_the_float32_clip():
+    # a token of probability ~1 in bf16: p clipped to 1 - 1e-3, which bf16 rounds to 1 (-log(1 - 1) = inf); in
+    # float32 the clip holds and the term is -log(1e-3). (FSDP's bf16 mixed precision handed EEPO such log-probs.)
+    logps = _bf16(-0.0005, math.log(0.5)).reshape(1, 2).requires_grad_(True)
+    terms, has_tokens = losses.unlearning_sequence_terms(logps, torch.ones(1, 2), 1e-6, 1e-3)
+    assert terms.dtype == torch.float32 and has_tokens.tolist() == [True]
+    expected = (-math.log(1e-3) - math.log(1 - math.exp(float(logps[0, 1])))) / 2
+    assert terms.item() == pytest.approx(expected, rel=1e-5)
+    terms.sum().backward()
+    assert torch.isfinite(logps.grad).all() and logps.grad.dtype == torch.bfloat16
+
+
+def test_query_kl_of_bf16_log_probs_does_not_cancel_to_noise():
+    # k3 = exp(d) - d - 1 at d = 2^-7 is ~3.1e-5; in bf16 exp(d) rounds to 1 + 2^-7 and k3 comes out 0
+    policy, ref = _bf16(-0.5), _bf16(-0.5 + 2.0**-7)  # both exact in bf16
+    kl = losses.query_kl(policy, ref, "k3")
+    d = 2.0**-7
+    assert kl.dtype == torch.float32 and kl.item() == pytest.approx(math.exp(d) - d - 1, rel=1e-2)  # float32: ~0.1%
+
+
+@pytest.mark.parametrize("name", ["f_divergence", "js_definition_terms", "apo_loss", "vllm_importance_sampling_ratio"])
+def test_low_precision_inputs_are_computed_in_float32(name):
+    log_ratio = _bf16(0.0078125, -0.25, 1.5)
+    calls = {
+        "f_divergence": lambda t: losses.f_divergence(t, "js"),
+        "js_definition_terms": lambda t: torch.stack(losses.js_definition_terms(t)),
+        "apo_loss": lambda t: losses.apo_loss(t, t.new_tensor([1.0, 0.0, 1.0]), t.new_tensor([0.5, 0.25, 0.75]),
+                                              1e-2),
+        "vllm_importance_sampling_ratio": lambda t: losses.vllm_importance_sampling_ratio(
+            t.reshape(1, 3), torch.zeros(1, 3, dtype=t.dtype), torch.ones(1, 3), "token_truncate"),
+    }
+    got = calls[name](log_ratio)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, calls[name](log_ratio.float()), rtol=0, atol=0)  # the same values, upcast first
+    double = calls[name](log_ratio.double())
+    assert double.dtype == torch.float64  # float64 is not rounded down

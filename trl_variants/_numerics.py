@@ -19,10 +19,20 @@ applies them), non-finite weights (after each update: the backstop under DeepSpe
 from them). Every process learns of it (one flag summed over processes), so all stop at the same step, and the
 message names the step and what to do. Checks run on the guarded code paths only, through transformers' public
 ``TrainerCallback`` events; each costs one reduction over the tensors it reads.
+
+**Log-probs in float32 under FSDP.** Accelerate's FSDP2 mixed precision casts every sharded module's output to the
+compute dtype (``MixedPrecisionPolicy(output_dtype=bf16)``), so the per-token log-probs TRL's fused head computes in
+float32 reach the losses rounded to bf16 (8 significant bits: at a log-prob of -5 a step of 0.03), unlike DDP with
+autocast or DeepSpeed, where they stay float32. The methods' terms then lose their meaning: ERPO's Query-KL at the
+first step, where policy and reference agree, came out 50x DeepSpeed's, and EEPO's unlearning loss was infinite (the
+clip at ``1 - 1e-3`` rounds to 1 in bf16), so its first step made every weight NaN. The trainers here keep float32
+outputs (:func:`float32_outputs_under_fsdp`, through the FSDP plugin's public ``mixed_precision_policy``): the
+parameters still gather and compute in bf16 and gradients still reduce in the plugin's dtype.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -164,6 +174,23 @@ def check_master_weights(model, args, trainer_name: str, peft_config=None) -> No
                      "which keeps fp32 master weights; or set low_precision_weights='allow' to train them as they are")
 
 
+def float32_outputs_under_fsdp(accelerator, trainer_name: str) -> bool:
+    """Under FSDP with mixed precision, make the modules' outputs float32 (module docstring): set ``output_dtype``
+    of the plugin's ``mixed_precision_policy`` (FSDP2; FSDP1 has no such field) before any model is prepared, with
+    one printed line. Returns whether it changed anything."""
+    plugin = getattr(accelerator.state, "fsdp_plugin", None)
+    policy = getattr(plugin, "mixed_precision_policy", None)
+    low = getattr(policy, "output_dtype", None)
+    if low not in (torch.bfloat16, torch.float16):
+        return False
+    plugin.mixed_precision_policy = dataclasses.replace(policy, output_dtype=torch.float32)
+    if accelerator.is_main_process:
+        name = str(low).removeprefix("torch.")
+        print(f"{trainer_name}: FSDP mixed precision with float32 module outputs (Accelerate sets {name}), so that "
+              f"log-probs reach the losses in float32 as under DDP or DeepSpeed; parameters still compute in {name}")
+    return True
+
+
 # ---------------------------------------------------------------------------------------- non-finite values ---
 def _local(tensor):
     """The part of ``tensor`` this process holds: a DTensor's local shard (FSDP2), a ZeRO-3 parameter's partition."""
@@ -229,15 +256,20 @@ class FiniteGuard(TrainerCallback):
 
 
 class FiniteTrainingMixin:
-    """Mix into a GRPOTrainer subclass, before GRPOTrainer: the master-weights rule (before the model loads) and the
-    non-finite guards of this module: the loss at every micro-step (:meth:`training_step`), the gradients and weights
-    at every optimizer step (:class:`FiniteGuard`), the logits of every generation (:meth:`_generate_single_turn`)."""
+    """Mix into a GRPOTrainer subclass, before GRPOTrainer: the master-weights rule (before the model loads), float32
+    module outputs under FSDP mixed precision (:meth:`create_accelerator_and_postprocess`) and the non-finite guards
+    of this module: the loss at every micro-step (:meth:`training_step`), the gradients and weights at every
+    optimizer step (:class:`FiniteGuard`), the logits of every generation (:meth:`_generate_single_turn`)."""
 
     def __init__(self, model, reward_funcs=None, args=None, *rest, **kwargs):
         if args is not None:
             check_master_weights(model, args, type(self).__name__, kwargs.get("peft_config"))
         super().__init__(model, reward_funcs, args, *rest, **kwargs)
         self.add_callback(FiniteGuard(self))
+
+    def create_accelerator_and_postprocess(self):
+        super().create_accelerator_and_postprocess()
+        float32_outputs_under_fsdp(self.accelerator, type(self).__name__)  # before any model is prepared
 
     def training_step(self, model, inputs, num_items_in_batch=None):
         loss = super().training_step(model, inputs, num_items_in_batch)

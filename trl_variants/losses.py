@@ -1,7 +1,9 @@
 """The algorithms' math as small pure functions on tensors (no trainer state, no I/O).
 
 Each function is named after what it computes and cites the equation it implements. The trainers call these; they
-are also public API. Equation, section and table numbers are the papers' own (ERPO: the anonymous preprint "Beyond
+are also public API. Low-precision inputs (bf16 / fp16 log-probs, as FSDP's mixed precision or a bf16 model returns
+them) are computed in float32 (:func:`at_least_float32`): in bf16 ``1 - 1e-3`` rounds to 1 and ``exp(d) - d - 1``
+cancels to noise; float64 stays float64. Equation, section and table numbers are the papers' own (ERPO: the anonymous preprint "Beyond
 the Stability-Exploration Dilemma"; EEPO: arXiv 2510.05837; DPH-RL: arXiv 2509.07430; A*-PO: arXiv 2505.20686);
 docs/algorithms.md writes every equation out with its defaults.
 """
@@ -23,6 +25,11 @@ __all__ = [
     "unlearning_loss",
     "vllm_importance_sampling_ratio",
 ]
+
+
+def at_least_float32(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in float32 when it is bf16 or fp16, else unchanged (a differentiable cast: gradients flow back)."""
+    return t.float() if t.dtype in (torch.bfloat16, torch.float16) else t
 
 
 # ----------------------------------------------------------------------------------------------------- ERPO ---
@@ -58,7 +65,7 @@ def query_kl(
     ``"k1"`` (eq. 11 literally): ``-d = l_theta - l_ref``. Returns one value per prompt (same shape as the inputs);
     the caller averages over distinct prompts. Gradient flows through ``policy_prompt_logps`` only.
     """
-    d = ref_prompt_logps.detach() - policy_prompt_logps
+    d = at_least_float32(ref_prompt_logps.detach()) - at_least_float32(policy_prompt_logps)
     if estimator == "k3":
         d = d.clamp(-20.0, 20.0)
         return (torch.exp(d) - d - 1.0).clamp(max=10.0)
@@ -88,6 +95,7 @@ def unlearning_sequence_terms(
     (so that a batch spread over processes can be averaged over all of its sequences)."""
     if not (0.0 <= eps_low < 1.0 - eps_high <= 1.0):
         raise ValueError(f"need 0 <= eps_low < 1 - eps_high <= 1, got eps_low={eps_low}, eps_high={eps_high}")
+    per_token_logps = at_least_float32(per_token_logps)
     mask = completion_mask.to(per_token_logps.dtype)
     p = torch.exp(per_token_logps).clamp(eps_low, 1.0 - eps_high)
     per_token = -torch.log1p(-p)
@@ -120,7 +128,7 @@ def vllm_importance_sampling_ratio(
     """
     if mode not in VLLM_IMPORTANCE_SAMPLING_MODES:
         raise ValueError(f"vllm_importance_sampling_mode must be one of {VLLM_IMPORTANCE_SAMPLING_MODES}, got {mode!r}")
-    diff = torch.nan_to_num((old_logps - sampling_logps) * mask, nan=0.0)
+    diff = torch.nan_to_num((at_least_float32(old_logps) - at_least_float32(sampling_logps)) * mask, nan=0.0)
     if mode.startswith("sequence"):
         diff = diff.sum(-1, keepdim=True)
     ratio = torch.exp(diff)
@@ -149,6 +157,7 @@ def f_divergence(log_ratio: torch.Tensor, divergence: str = "js", alpha: float =
 
     All satisfy ``f(1) = 0``. ``u`` is not clipped.
     """
+    log_ratio = at_least_float32(log_ratio)
     if divergence == "forward_kl":
         return -log_ratio
     u = torch.exp(log_ratio)
@@ -175,6 +184,7 @@ def js_definition_terms(log_ratio: torch.Tensor) -> tuple[torch.Tensor, torch.Te
 
     Returns ``(ref_side, policy_side)``, both elementwise and 0 at ``u = 1``.
     """
+    log_ratio = at_least_float32(log_ratio)
     log_half_sum = torch.logaddexp(log_ratio, torch.zeros_like(log_ratio)) - math.log(2.0)  # log((1 + u) / 2)
     return -log_half_sum, log_ratio - log_half_sum
 
@@ -206,7 +216,7 @@ def apo_loss(seq_log_ratio: torch.Tensor, rewards: torch.Tensor, values: torch.T
     out (its square never enters, NaN included). The lazy stage 1 leaves out prompts without a value estimate this
     way (the full pass leaves them out of the dataset), with ``w = 1 / (rows kept per micro-batch)``.
     """
-    residual = beta * seq_log_ratio - (rewards - values)
+    residual = beta * at_least_float32(seq_log_ratio) - (at_least_float32(rewards) - at_least_float32(values))
     if weights is None:
         return (residual**2).mean()
     residual = torch.where(weights > 0, residual, torch.zeros_like(residual))  # before squaring: no NaN gradient

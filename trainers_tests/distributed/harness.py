@@ -334,6 +334,21 @@ def _watch_evaluations(trainer, observed: dict) -> None:
     callbacks.evaluate = watched
 
 
+def _watch_logps_dtypes(trainer, observed: dict) -> None:
+    """Record the dtypes of the per-token log-probs the trainer scores (GRPOTrainer's forward through the model, which
+    every loss here reads): under FSDP's mixed precision they came back in the compute dtype (bf16)."""
+    score = trainer._get_per_token_logps_and_entropies
+    dtypes = observed["logps_dtypes"] = []
+
+    def watched(*args, **kwargs):
+        logps, entropies, aux = score(*args, **kwargs)
+        if str(logps.dtype) not in dtypes:
+            dtypes.append(str(logps.dtype))
+        return logps, entropies, aux
+
+    trainer._get_per_token_logps_and_entropies = watched
+
+
 def main(name: str, out: str) -> None:
     from accelerate import PartialState
 
@@ -381,6 +396,7 @@ def main(name: str, out: str) -> None:
     trainer.add_callback(_phase_callback())
     observed = {"world": world, "distributed_type": str(trainer.accelerator.distributed_type),
                 "deepspeed": trainer.is_deepspeed_enabled, "fsdp": trainer.is_fsdp_enabled}
+    _watch_logps_dtypes(trainer, observed)
     if name in ("eepo", "composed", "composed_ds"):
         _watch_eepo_rollout_models(trainer, observed)
     if os.environ.get("HARNESS_HELDOUT") == "1":  # held-out accuracy at the start, at step 2 and at the end, logged:

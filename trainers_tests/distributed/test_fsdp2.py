@@ -14,6 +14,9 @@ parameters, its float32 upcast under mixed precision, its full state dict on sav
    master-weights rule accepts it (it refused it before it read the launcher's mixed precision), and the weights are
    trained and saved in float32. The run checkpoints every step (FSDP's full state dict, AdamW's moments, the
    trainer's own state); a second launch resumed from step 2 ends with the same weights, bit for bit.
+3. Under bf16 mixed precision the log-probs reach the losses in float32 (Accelerate's FSDP2 policy casts module
+   outputs to bf16; the trainers set float32 outputs, ``_numerics.float32_outputs_under_fsdp``): EEPO's unlearning
+   loss on bf16 log-probs was infinite and its first step made every weight NaN.
 """
 
 import json
@@ -53,6 +56,7 @@ def test_a_bf16_policy_under_fsdp2_mixed_precision_from_the_launcher_trains_in_f
     resumed_run = launch_fsdp2("erpo", tmp_path / "resumed", 29664,
                                HARNESS_RESUME=str(tmp_path / "run/trainer/checkpoint-2"), **bf16)
     assert resumed_run["steps_run"] == 1  # it resumed (a run from step 0 would end with the same weights)
+    assert resumed_run["logps_dtypes"] == ["torch.float32"]  # not rounded to the bf16 compute dtype
     weights = load_file(str(tmp_path / "run" / "model.safetensors"))
     start = load_file(str(ROOT / "trl_variants/default/assets/model.safetensors"))
     assert {w.dtype for w in weights.values()} == {torch.float32}  # FSDP's float32 master weights, saved as such
@@ -78,3 +82,21 @@ def test_eepo_under_fsdp2_unlearns_inside_gradient_accumulation(tmp_path):
     assert len(log) == 3
     assert all(h["eepo/stage1_logp_change"] < -0.01 for h in log), log  # the step lowered stage 1's log-probs
     assert all(h["eepo/unlearning_step_kept"] == pytest.approx(1.0, abs=1e-4) for h in log)  # float32: kept whole
+
+
+@pytest.mark.slow
+def test_eepo_under_fsdp2_bf16_mixed_precision_unlearns_on_float32_log_probs(tmp_path):
+    """The paper recipe's setting (bf16 policy, fsdp2.yaml's bf16 mixed precision). Before float32 module outputs the
+    stage-1 log-probs came back in bf16; with the recipe's temperature 1 some tokens had p > 0.998, the unlearning
+    loss clipped them at 1 - 1e-3, which is 1 in bf16 (-log(0) = inf), and the run stopped at its first rollout with
+    non-finite weights (``check_distributed_backends.py --paper``; the loss itself: test_losses.py). Here, at the
+    harness's temperature 3, the log-probs' dtype and the unlearning step are checked."""
+    observed = launch_fsdp2("eepo", tmp_path / "run", 29667, mixed_precision="bf16", dtype="bfloat16")
+    assert observed["logps_dtypes"] == ["torch.float32"]
+    log = [h for h in json.loads((tmp_path / "run" / "log_history.json").read_text()) if "loss" in h]
+    assert len(log) == 3
+    for h in log:
+        assert 0 < h["eepo/unlearning_loss"] < 50, log  # finite: -log(1 - p) with p clipped at 1 - 1e-3 is <= 6.9
+        assert h["eepo/stage1_logp_change"] < -0.01, log  # the step lowered stage 1's log-probs
+    weights = load_file(str(tmp_path / "run" / "model.safetensors"))
+    assert all(torch.isfinite(w).all() for w in weights.values())
