@@ -5,6 +5,7 @@
                                                          # checkpoint under each backend (and DDP)
     python scripts/check_distributed_backends.py --heldout  # with held-out evaluation during training
     python scripts/check_distributed_backends.py --recipes  # each method's example script and tiny recipe
+    python scripts/check_distributed_backends.py --paper    # each method's paper recipe in bf16
 
 Runs ``trainers_tests/distributed/harness.py`` (3 optimizer steps, fixed global batch and completions) with
 ``torchrun`` (gloo DDP, the reference) and with ``accelerate launch --config_file configs/accelerate/<backend>.yaml
@@ -288,6 +289,101 @@ def check_recipes(args, out: Path) -> None:
                  "seconds": lambda r: r["seconds"]})
 
 
+PAPER_RECIPE = {"erpo": "qwen2.5-math-7b", "eepo": "qwen2.5-3b", "dph": "qwen2.5-math-7b", "apo": "qwen2.5-1.5B"}
+# what each method adds, logged at step 1: the number to compare across backends
+PAPER_METRIC = {"erpo": "erpo/query_kl", "eepo": "eepo/unlearning_loss", "dph": "dph/loss_exp", "apo": "loss"}
+
+
+def moved_tensors(saved: Path) -> tuple[int, int, float]:
+    """How many of the saved model's tensors differ from where training started, of how many, and the largest change.
+    The start is the tiny model's float32 weights, or those rounded to bf16 (a recipe's ``dtype: bfloat16`` load):
+    a tensor counts as moved when it differs from both."""
+    import torch
+    from safetensors.torch import load_file
+
+    from trl_variants.default import DEFAULT_MODEL_PATH
+
+    start, end = load_file(str(Path(DEFAULT_MODEL_PATH) / "model.safetensors")), load_file(str(saved))
+    changes = [min((start[k].to(dtype).float() - end[k].float()).abs().max().item()
+                   for dtype in (torch.float32, torch.bfloat16)) for k in start if k in end]
+    return sum(c > 0 for c in changes), len(changes), max(changes)
+
+
+def check_paper_recipes(args, out: Path) -> None:
+    """``--paper``: each method's paper recipe in its own precision (``dtype: bfloat16``, ``bf16: true``, gradient
+    checkpointing), as a cluster user launches it under DDP (multi_cpu.yaml), ZeRO-2, ZeRO-3 and FSDP2 with bf16
+    mixed precision: 2 CPU processes, 3 steps at the recipe's learning rate, through the recipe's ``# smoke:`` command
+    with the tiny model and the embedded task substituted (``test_recipe_start.cpu_smoke_argv``) and 32-token
+    completions (enough for some rewards). Records whether it ran, its first line, the step-1 loss and the method's
+    own number (``PAPER_METRIC``), and how many weight tensors the 3 steps moved at the recipe's 1e-6 / 2e-7 / 5e-7."""
+    import tempfile
+
+    import yaml
+
+    sys.path.insert(0, str(ROOT))  # the smoke command's CPU stand-ins, as the suite's recipe test makes them
+    from trainers_tests.examples.test_recipe_start import cpu_smoke_argv
+
+    work = out / "runs"
+    work.mkdir(parents=True, exist_ok=True)
+    rows, port = [], 29900
+    for method in args.trainers:
+        recipe = ROOT / "configs" / method / f"{PAPER_RECIPE[method]}.yaml"
+        own = yaml.safe_load(recipe.read_text())
+        precision = ["--bf16", str(own.get("bf16", False)).lower(), "--dtype", str(own.get("dtype", "float32")),
+                     "--gradient_checkpointing", str(own.get("gradient_checkpointing", False)).lower()]
+        for backend in ["multi_cpu", *args.backends]:
+            port += 1
+            name = f"paper-{method}-{backend}"
+            with tempfile.TemporaryDirectory() as tmp:
+                argv = cpu_smoke_argv(recipe, Path(tmp))
+                run_dir = Path(tmp) / "out"
+                env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
+                           TRL_VARIANTS_CACHE=str(Path(tmp) / "cache"))
+                if backend.startswith("fsdp"):  # FSDP over gloo on a machine without a GPU: the harness's lift
+                    env["PYTHONPATH"] = str(HARNESS.parent / "fsdp_on_cpu")
+                cmd = [str(BIN / "accelerate"), "launch", "--config_file",
+                       str(ROOT / "configs" / "accelerate" / f"{backend}.yaml"), "--num_processes", "2",
+                       "--main_process_port", str(port), str(ROOT / "examples" / f"train_{method}.py"), *argv,
+                       *precision, "--max_completion_length", "32", "--max_steps", "3", "--torch_threads", "1"]
+                start = time.time()
+                log = work / f"{name}.log"
+                ok, error = run(cmd, env, log, timeout=900, cwd=ROOT,
+                                finished=lambda text: "model saved to" in text)
+                row = {"trainer": method, "backend": "ddp" if backend == "multi_cpu" else backend, "ran": ok,
+                       "recipe": f"configs/{method}/{recipe.name}", "seconds": round(time.time() - start),
+                       "error": error}
+                text = log.read_text()
+                first = [line for line in text.splitlines() if line.startswith("training on ")]
+                row["runs_as"] = first[0].removeprefix("training on ") if first else ""
+                row["upcast"] = "in float32 instead of" in text  # the master-weights rule's line
+                if ok:
+                    history = _logged_steps(text)  # (the smoke command saves no checkpoint: no trainer_state)
+                    row["step1"] = {k: history[0][k] for k in ("loss", "grad_norm", PAPER_METRIC[method])
+                                    if history and k in history[0]}
+                    row["moved"], row["tensors"], row["max_change"] = moved_tensors(run_dir / "model.safetensors")
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    rows = merged(out / "paper.json", rows)
+    write_table(out / "paper.md", "Each method's paper recipe in bf16 under each backend, 2 CPU processes", "--paper",
+                "The recipe's own precision (bf16 policy, bf16 compute, gradient checkpointing) and learning rate, "
+                "through its smoke command with the tiny model and the embedded task, 32-token completions, 3 steps.",
+                rows, {"ran": lambda r: "yes" if r["ran"] else "no", "runs as (its first line)": lambda r: r["runs_as"]
+                       + (" (policy loaded in float32: no master copy)" if r["upcast"] else ""),
+                       "step 1: loss / grad norm / the method's number": lambda r: " / ".join(
+                           f"{k} {float(v):.4g}" for k, v in r.get("step1", {}).items()),
+                       "weight tensors moved in 3 steps (largest change)": lambda r: (
+                           f"{r['moved']}/{r['tensors']} ({r['max_change']:.2g})" if "moved" in r else ""),
+                       "seconds": lambda r: r["seconds"]})
+
+
+def _logged_steps(text: str) -> list[dict]:
+    """The training log lines transformers prints (``{'loss': ...}``), parsed, in order."""
+    import ast
+
+    return [ast.literal_eval(line[line.index("{'loss'"):line.index("}", line.index("{'loss'")) + 1])
+            for line in text.splitlines() if "{'loss'" in line]
+
+
 DEFAULT_TRAINERS = ["erpo", "eepo", "dph", "apo"]
 
 
@@ -303,6 +399,9 @@ def main() -> None:
     parser.add_argument("--recipes", action="store_true",
                         help="instead: each method's tiny recipe through its example script, under DDP and each "
                              "backend (results/distributed/recipes.md; --trainers names methods, default all six)")
+    parser.add_argument("--paper", action="store_true",
+                        help="instead: each method's paper recipe in bf16 (its smoke command, the tiny model), under "
+                             "DDP and each backend with bf16 mixed precision (results/distributed/paper.md)")
     parser.add_argument("--out", default=str(ROOT / "results" / "distributed"))
     args = parser.parse_args()
     out = Path(args.out)
@@ -310,6 +409,9 @@ def main() -> None:
         check_recipes(args, out)
         return
     args.trainers = args.trainers or DEFAULT_TRAINERS
+    if args.paper:
+        check_paper_recipes(args, out)
+        return
     if args.resume:
         check_resume(args, out)
         return

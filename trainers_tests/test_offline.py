@@ -83,7 +83,8 @@ def test_apo_refuses_presampled_data_with_other_sampling_options(tmp_path, optio
                    show_progress=False, cache_dir=str(tmp_path / "cache"))
     options[option] = dataset_value
     presampled = presample(DEFAULT_MODEL_PATH, None, ds, accuracy_reward, PresampleConfig(**options))
-    trainer_kw = dict(num_value_samples=2, num_generations=1, max_completion_length=24)
+    trainer_kw = dict(num_value_samples=2, num_generations=1, max_completion_length=24,
+                      per_device_train_batch_size=4)  # one rollout batch: the 4 prompts
     if trainer_value is not None:
         trainer_kw[option] = trainer_value
     with pytest.raises(ValueError, match=f"made with {option}="):

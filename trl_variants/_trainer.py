@@ -12,6 +12,7 @@ from ._numerics import FiniteTrainingMixin
 from ._offline import OfflinePassLogMixin
 from ._validation import (
     check_model_paths,
+    check_one_rollout_batch,
     check_reward_columns_before_load,
     check_train_dataset,
     checked_reward_funcs,
@@ -96,11 +97,19 @@ class TrainerBase(CheckpointStateMixin, ModelCardMixin, FiniteTrainingMixin, Off
         check_train_dataset(train_dataset, type(self).__name__)  # before GRPOTrainer loads the model
         return args
 
-    def _checked_reward_funcs(self, model, reward_funcs, train_dataset):
+    def get_train_dataloader(self):
+        """transformers' dataloader, refused when it holds no batch: after an offline pass that left fewer prompts than
+        one rollout batch (DPH-RL's D_exp, A*-PO's valued prompts), training would run 0 steps."""
+        check_one_rollout_batch(self.train_dataset, self.args, type(self).__name__, " after the offline pass")
+        return super().get_train_dataloader()
+
+    def _checked_reward_funcs(self, model, reward_funcs, train_dataset, args):
         """The last checks before anything loads (every column a reward function requires; a model or reward model
-        path that does not exist, or a Hub id offline and not cached), and ``reward_funcs`` as GRPOTrainer gets them:
-        a bad reward value is refused naming the function (:func:`~trl_variants._validation.checked_reward_funcs`)."""
+        path that does not exist, or a Hub id offline and not cached; at least one rollout batch of prompts), and
+        ``reward_funcs`` as GRPOTrainer gets them: a bad reward value is refused naming the function
+        (:func:`~trl_variants._validation.checked_reward_funcs`)."""
         name = type(self).__name__
         check_reward_columns_before_load(reward_funcs, train_dataset, name)
         check_model_paths(model, reward_funcs, name)
+        check_one_rollout_batch(train_dataset, args, name)
         return checked_reward_funcs(reward_funcs)

@@ -237,7 +237,7 @@ class PartsTrainer(TrainerBase):
                                      "provider (share it, or name the quantity differently)")
         for part in self.parts:
             part.check(name, args, train_dataset, kwargs)
-        reward_funcs = self._checked_reward_funcs(model, reward_funcs, train_dataset)
+        reward_funcs = self._checked_reward_funcs(model, reward_funcs, train_dataset, args)
         self._policy_forward: PolicyForward | None = None
         if getattr(args, "loss_combination", "sum") not in LOSS_COMBINATIONS:
             raise ValueError(f"loss_combination must be one of {LOSS_COMBINATIONS}, got {args.loss_combination!r}")

@@ -49,7 +49,9 @@ def no_model_load(monkeypatch):
 
 
 def _config(config_cls, tmp_path, **kw):
-    kw = {"per_device_train_batch_size": 4, "num_generations": 2, "max_steps": 1, **kw}
+    # A*-PO: one completion per prompt, a batch of 2 prompts (as many as the datasets here hold)
+    batch = 2 if config_cls is APOConfig else 4
+    kw = {"per_device_train_batch_size": batch, "num_generations": 2, "max_steps": 1, **kw}
     if config_cls is APOConfig:
         kw["num_generations"] = 1
     return small_config(config_cls, tmp_path, **kw)
@@ -162,6 +164,22 @@ def test_empty_training_set_refused_before_model_load(trainer_cls, config_cls, t
     data = _prompts("What is 2 + 3?").select([])
     with pytest.raises(ValueError, match=rf"{trainer_cls.__name__}: the train_dataset has no rows.*filter"):
         trainer_cls(DEFAULT_MODEL_PATH, accuracy_reward, args=_config(config_cls, tmp_path), train_dataset=data)
+
+
+@pytest.mark.parametrize("trainer_cls,config_cls", TRAINERS, ids=IDS)
+def test_fewer_prompts_than_one_rollout_batch_refused_before_model_load(trainer_cls, config_cls, tmp_path,
+                                                                        no_model_load):
+    """TRL's sampler makes only whole rollout batches: with fewer prompts it made none, and training ended at step 0
+    with a warning, saving the untouched model (a paper recipe's smoke command on 2 processes did)."""
+    args = _config(config_cls, tmp_path, steps_per_generation=2)
+    per_device, G = args.per_device_train_batch_size, args.num_generations
+    prompts = per_device * 2 // G  # one process
+    data = _prompts(*[f"What is {i} + 3?" for i in range(prompts - 1)])
+    with pytest.raises(ValueError, match=rf"{trainer_cls.__name__}: the train_dataset has {prompts - 1} prompts, "
+                                         rf"fewer than one rollout batch: per_device_train_batch_size {per_device} x 1 "
+                                         rf"process\(es\) x steps_per_generation 2 = {2 * per_device} completions = "
+                                         rf"{prompts} prompts x num_generations {G}\..* 0 steps.*--dataset_train_split"):
+        trainer_cls(DEFAULT_MODEL_PATH, accuracy_reward, args=args, train_dataset=data)
 
 
 @pytest.mark.parametrize("trainer_cls,config_cls", TRAINERS, ids=IDS)

@@ -40,7 +40,8 @@ def _presampled(method, model, tokenizer, tmp_path):
 
 def _trainer(method, model, data, tmp_path, **kw):
     trainer_cls, config_cls = TRAINERS[method]
-    args = small_config(config_cls, tmp_path / "out", max_completion_length=8, **SMALL_METHOD_ARGS[method])
+    batch = {"per_device_train_batch_size": 4} if method == "apo" else {}  # one rollout batch: the 4 prompts
+    args = small_config(config_cls, tmp_path / "out", max_completion_length=8, **SMALL_METHOD_ARGS[method], **batch)
     return trainer_cls(model=model, reward_funcs=accuracy_reward, args=args, train_dataset=data, **kw)
 
 

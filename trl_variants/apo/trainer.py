@@ -115,7 +115,7 @@ class APOTrainer(TrainerBase):
         # were given, so in that case we build the reference ourselves from the given weights.
         own_reference = isinstance(model, PreTrainedModel) and peft_config is None
         check_stored_columns(train_dataset, "APOTrainer", options, ["ref_value"])  # values that cannot be true
-        reward_funcs = self._checked_reward_funcs(model, reward_funcs, train_dataset)
+        reward_funcs = self._checked_reward_funcs(model, reward_funcs, train_dataset, args)
         beta2 = args.beta
         if own_reference:
             args.beta = 0.0
