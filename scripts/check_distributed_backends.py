@@ -291,7 +291,7 @@ def check_recipes(args, out: Path) -> None:
 
 PAPER_RECIPE = {"erpo": "qwen2.5-math-7b", "eepo": "qwen2.5-3b", "dph": "qwen2.5-math-7b", "apo": "qwen2.5-1.5B"}
 # what each method adds, logged at step 1: the number to compare across backends
-PAPER_METRIC = {"erpo": "erpo/query_kl", "eepo": "eepo/unlearning_loss", "dph": "dph/loss_exp", "apo": "loss"}
+PAPER_METRIC = {"erpo": "erpo/query_kl", "eepo": "eepo/unlearning_loss", "dph": "dph/loss_exp", "apo": "apo/regression_loss"}
 
 
 def moved_tensors(saved: Path) -> tuple[int, int, float]:
@@ -313,8 +313,8 @@ def check_paper_recipes(args, out: Path) -> None:
     """``--paper``: each method's paper recipe in its own precision (``dtype: bfloat16``, ``bf16: true``, gradient
     checkpointing), as a cluster user launches it under DDP (multi_cpu.yaml), ZeRO-2, ZeRO-3 and FSDP2 with bf16
     mixed precision: 2 CPU processes, 3 steps at the recipe's learning rate, through the recipe's ``# smoke:`` command
-    with the tiny model and the embedded task substituted (``test_recipe_start.cpu_smoke_argv``) and 32-token
-    completions (enough for some rewards). Records whether it ran, its first line, the step-1 loss and the method's
+    with the tiny model and the embedded task substituted (``test_recipe_start.cpu_smoke_argv``), 32 prompts (the
+    smoke command's batch on each process) and 32-token completions (enough for some rewards). Records whether it ran, its first line, the step-1 loss and the method's
     own number (``PAPER_METRIC``), and how many weight tensors the 3 steps moved at the recipe's 1e-6 / 2e-7 / 5e-7."""
     import tempfile
 
@@ -344,7 +344,8 @@ def check_paper_recipes(args, out: Path) -> None:
                 cmd = [str(BIN / "accelerate"), "launch", "--config_file",
                        str(ROOT / "configs" / "accelerate" / f"{backend}.yaml"), "--num_processes", "2",
                        "--main_process_port", str(port), str(ROOT / "examples" / f"train_{method}.py"), *argv,
-                       *precision, "--max_completion_length", "32", "--max_steps", "3", "--torch_threads", "1"]
+                       *precision, "--max_completion_length", "32", "--max_steps", "3", "--torch_threads", "1",
+                       "--dataset_train_split", "train[:32]"]  # 2 processes: twice the smoke command's batch
                 start = time.time()
                 log = work / f"{name}.log"
                 ok, error = run(cmd, env, log, timeout=900, cwd=ROOT,

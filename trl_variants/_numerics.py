@@ -24,7 +24,7 @@ message names the step and what to do. Checks run on the guarded code paths only
 compute dtype (``MixedPrecisionPolicy(output_dtype=bf16)``), so the per-token log-probs TRL's fused head computes in
 float32 reach the losses rounded to bf16 (8 significant bits: at a log-prob of -5 a step of 0.03), unlike DDP with
 autocast or DeepSpeed, where they stay float32. The methods' terms then lose their meaning: ERPO's Query-KL at the
-first step, where policy and reference agree, came out 50x DeepSpeed's, and EEPO's unlearning loss was infinite (the
+first step came out 1.8x to 50x DeepSpeed's, and EEPO's unlearning loss was infinite (the
 clip at ``1 - 1e-3`` rounds to 1 in bf16), so its first step made every weight NaN. The trainers here keep float32
 outputs (:func:`float32_outputs_under_fsdp`, through the FSDP plugin's public ``mixed_precision_policy``): the
 parameters still gather and compute in bf16 and gradients still reduce in the plugin's dtype.
