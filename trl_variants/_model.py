@@ -67,6 +67,18 @@ def fsdp2_sharded(trainer) -> bool:
     return bool(getattr(trainer, "is_fsdp_enabled", False)) and plugin is not None and plugin.fsdp_version == 2
 
 
+def drop_gathered_weights(trainer, model) -> None:
+    """FSDP2: free the full weights a module still holds (the root module keeps them after a forward, for the
+    backward it expects; ``unshard()`` keeps them until told), so that the next forward gathers the shards as they are
+    now. No communication; nothing to do without FSDP2."""
+    if fsdp2_sharded(trainer):
+        from torch.distributed.fsdp import FSDPModule
+
+        for module in model.modules():
+            if isinstance(module, FSDPModule):
+                module.reshard()
+
+
 def check_whole_policy_for_generation(trainer, who: str) -> None:
     """Refuse, naming the fix, a sharded setup in which :func:`whole_policy_for_generation` cannot hold the full
     weights on every process: FSDP1 (FSDP2 can), and ZeRO-3 with ``ds3_gather_for_generation=False`` (the user chose
@@ -126,8 +138,7 @@ def whole_policy_for_generation(trainer):
             m.unshard()
         yield model
     finally:
-        for m in modules:
-            m.reshard()  # frees the full weights; no communication
+        drop_gathered_weights(trainer, model)
         for s, auto, groups in saved:
             s._auto_reshard_after_forward = auto
             for g, info in groups:

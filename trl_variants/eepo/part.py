@@ -32,11 +32,11 @@ import torch
 from trl.trainer.utils import nanmax, nanmin
 
 from .. import losses
-from .._model import is_peft_model, params_sharded
+from .._model import drop_gathered_weights, is_peft_model, params_sharded
 from .._numerics import mixed_precision
 from ..parts import Part, register_part
 from .losses import vllm_importance_sampling_ratio
-from .unlearning import drop_gathered_weights, fsdp2_sharded, share_of_step_kept, unlearning_gradient
+from .unlearning import fsdp2_sharded, share_of_step_kept, unlearning_gradient
 
 
 def _interleave(idx1, idx2, a1, a2, b1, b2):

@@ -1,6 +1,7 @@
 """The weight mechanics of EEPO's unlearning step (Algorithm 1, step 3) across processes: the gradient summed over
-processes (DDP, ZeRO-1/2) or over FSDP2's shards, the share of the step the weights kept, and FSDP2's gathered full
-weights, freed so that the next forward sees the edited shards. The step itself is in ``part.py``."""
+processes (DDP, ZeRO-1/2) or over FSDP2's shards, and the share of the step the weights kept. The step itself is in
+``part.py``; freeing FSDP2's gathered full weights, so that the next forward sees the edited shards, is
+``_model.drop_gathered_weights``."""
 
 from __future__ import annotations
 
@@ -61,14 +62,3 @@ def unlearning_gradient(trainer, model, u, params) -> list:
     for p, g in zip(params, held, strict=True):
         p.grad = g
     return grads
-
-
-def drop_gathered_weights(trainer, model) -> None:
-    """FSDP2: free the full weights a module still holds from its last forward (the root module keeps them after a
-    forward, for the backward it expects), so that the next forward gathers the shards as they are now."""
-    if fsdp2_sharded(trainer):
-        from torch.distributed.fsdp import FSDPModule
-
-        for module in model.modules():
-            if isinstance(module, FSDPModule):
-                module.reshard()
