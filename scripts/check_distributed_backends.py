@@ -22,6 +22,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -333,7 +335,7 @@ def check_paper_recipes(args, out: Path) -> None:
                      "--gradient_checkpointing", str(own.get("gradient_checkpointing", False)).lower()]
         for backend in ["multi_cpu", *args.backends]:
             port += 1
-            name = f"paper-{method}-{backend}"
+            name = f"paper-{method}-{backend}" + ("-extra" if args.extra else "")
             with tempfile.TemporaryDirectory() as tmp:
                 argv = cpu_smoke_argv(recipe, Path(tmp))
                 run_dir = Path(tmp) / "out"
@@ -345,7 +347,8 @@ def check_paper_recipes(args, out: Path) -> None:
                        str(ROOT / "configs" / "accelerate" / f"{backend}.yaml"), "--num_processes", "2",
                        "--main_process_port", str(port), str(ROOT / "examples" / f"train_{method}.py"), *argv,
                        *precision, "--max_completion_length", "32", "--max_steps", "3", "--torch_threads", "1",
-                       "--dataset_train_split", "train[:32]"]  # 2 processes: twice the smoke command's batch
+                       "--dataset_train_split", "train[:32]",  # 2 processes: twice the smoke command's batch
+                       *shlex.split(args.extra)]
                 start = time.time()
                 log = work / f"{name}.log"
                 ok, error = run(cmd, env, log, timeout=900, cwd=ROOT,
@@ -364,8 +367,11 @@ def check_paper_recipes(args, out: Path) -> None:
                     row["moved"], row["tensors"], row["max_change"] = moved_tensors(run_dir / "model.safetensors")
             rows.append(row)
             print(json.dumps(row), flush=True)
-    rows = merged(out / "paper.json", rows)
-    write_table(out / "paper.md", "Each method's paper recipe in bf16 under each backend, 2 CPU processes", "--paper",
+    stem = "paper" + ("_" + re.sub(r"[^a-z0-9]+", "_", args.extra.lower()).strip("_") if args.extra else "")
+    flag = "--paper" + (f" --extra={shlex.quote(args.extra)}" if args.extra else "")
+    rows = merged(out / f"{stem}.json", rows)
+    write_table(out / f"{stem}.md", "Each method's paper recipe in bf16 under each backend, 2 CPU processes"
+                + (f", with {args.extra}" if args.extra else ""), flag,
                 "The recipe's own precision (bf16 policy, bf16 compute, gradient checkpointing) and learning rate, "
                 "through its smoke command with the tiny model and the embedded task, 32-token completions, 3 steps.",
                 rows, {"ran": lambda r: "yes" if r["ran"] else "no", "runs as (its first line)": lambda r: r["runs_as"]
@@ -403,6 +409,8 @@ def main() -> None:
     parser.add_argument("--paper", action="store_true",
                         help="instead: each method's paper recipe in bf16 (its smoke command, the tiny model), under "
                              "DDP and each backend with bf16 mixed precision (results/distributed/paper.md)")
+    parser.add_argument("--extra", default="", help="--paper: more flags for every run (written to "
+                                                     "paper_<flags>.md), e.g. --extra=\"--cast_lm_head_to_fp32 true\"")
     parser.add_argument("--out", default=str(ROOT / "results" / "distributed"))
     args = parser.parse_args()
     out = Path(args.out)

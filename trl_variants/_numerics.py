@@ -23,9 +23,9 @@ message names the step and what to do. Checks run on the guarded code paths only
 **Log-probs in float32 under FSDP.** Accelerate's FSDP2 mixed precision casts every sharded module's output to the
 compute dtype (``MixedPrecisionPolicy(output_dtype=bf16)``), so the per-token log-probs TRL's fused head computes in
 float32 reach the losses rounded to bf16 (8 significant bits: at a log-prob of -5 a step of 0.03), unlike DDP with
-autocast or DeepSpeed, where they stay float32. The methods' terms then lose their meaning: ERPO's Query-KL at the
-first step came out 1.8x to 50x DeepSpeed's, and EEPO's unlearning loss was infinite (the
-clip at ``1 - 1e-3`` rounds to 1 in bf16), so its first step made every weight NaN. The trainers here keep float32
+autocast or DeepSpeed, where they stay float32. EEPO's unlearning loss was then infinite (its clip at ``1 - 1e-3``
+rounds to 1 in bf16) and its first step made every weight NaN; ERPO's Query-KL (a rounding-level number at the first
+step, where policy and reference agree) differed from ZeRO's. The trainers here keep float32
 outputs (:func:`float32_outputs_under_fsdp`, through the FSDP plugin's public ``mixed_precision_policy``): the
 parameters still gather and compute in bf16 and gradients still reduce in the plugin's dtype.
 """
@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -174,20 +175,57 @@ def check_master_weights(model, args, trainer_name: str, peft_config=None) -> No
                      "which keeps fp32 master weights; or set low_precision_weights='allow' to train them as they are")
 
 
+def check_fsdp_lm_head_cast(model, args, trainer_name: str, peft_config=None) -> None:
+    """Refuse, before anything loads, ``cast_lm_head_to_fp32`` with a bf16/fp16 policy under FSDP and a reference
+    model (``beta != 0``). TRL 1.16 casts the reference's ``lm_head`` to float32 and leaves the rest in bf16; FSDP2
+    shards it without upcasting (evaluation mode) and refuses a module of mixed dtypes at the first rollout
+    ("FSDP expects uniform original parameter dtype"), after the model load and the offline pass. TRL's own
+    GRPOTrainer fails the same way. (The policy is upcast by Accelerate; DeepSpeed runs it.) Call after
+    :func:`check_master_weights`, which may already have asked for float32."""
+    if not (getattr(args, "cast_lm_head_to_fp32", False) and args.beta != 0 and uses_fsdp(args)):
+        return
+    from peft import PeftModel
+
+    if peft_config is not None or isinstance(model, PeftModel):
+        return  # no reference model: the adapters are turned off instead
+    kwargs = args.model_init_kwargs or {}  # TRL loads a path in float32 unless told otherwise
+    low = (_low_dtype(_requested_dtype(model, kwargs.get("dtype", kwargs.get("torch_dtype"))))
+           if isinstance(model, str) else _trainable_low_dtype(model))
+    if low is None:
+        return
+    name = str(low).removeprefix("torch.")
+    raise ValueError(
+        f"{trainer_name}: cast_lm_head_to_fp32 with a {name} policy, beta={args.beta:g} (a reference model) and FSDP "
+        "fails at the first rollout: TRL casts the reference model's lm_head to float32, and FSDP2 refuses a module "
+        "whose parameters mix dtypes ('FSDP expects uniform original parameter dtype'); TRL's GRPOTrainer too. Fix: "
+        "drop cast_lm_head_to_fp32 (under FSDP the trainers here keep the log-probs in float32 already), or load the "
+        f"policy in float32 (dtype: float32; FSDP's {name} mixed precision still computes in {name}), or train under "
+        "DeepSpeed ZeRO (configs/accelerate/zero2.yaml), where the cast works")
+
+
 def float32_outputs_under_fsdp(accelerator, trainer_name: str) -> bool:
-    """Under FSDP with mixed precision, make the modules' outputs float32 (module docstring): set ``output_dtype``
-    of the plugin's ``mixed_precision_policy`` (FSDP2; FSDP1 has no such field) before any model is prepared, with
-    one printed line. Returns whether it changed anything."""
+    """Under FSDP2 with Accelerate's mixed precision, make the modules' outputs float32 (module docstring): set
+    ``output_dtype`` of the plugin's ``mixed_precision_policy`` before any model is prepared, with one printed line.
+    Only Accelerate's own policy is changed (bf16/fp16 for parameters, reductions and outputs alike); a policy of
+    your own with low-precision outputs is left as it is, with a warning. FSDP1's policy has no ``output_dtype``
+    (nothing to do). The plugin lives on Accelerate's shared state: a later trainer in the same process that reuses
+    this state (``accelerator_config.use_configured_state``) keeps the change. Returns whether it changed anything."""
     plugin = getattr(accelerator.state, "fsdp_plugin", None)
     policy = getattr(plugin, "mixed_precision_policy", None)
     low = getattr(policy, "output_dtype", None)
     if low not in (torch.bfloat16, torch.float16):
         return False
+    name = str(low).removeprefix("torch.")
+    if not (policy.param_dtype == low and policy.reduce_dtype == low):
+        warnings.warn(f"{trainer_name}: the FSDP mixed precision policy {policy} is not Accelerate's default: its "
+                      f"{name} output_dtype is kept, so the log-probs reach the losses in {name} (the methods' terms "
+                      "lose precision; set output_dtype=torch.float32 to keep them in float32)", stacklevel=3)
+        return False
     plugin.mixed_precision_policy = dataclasses.replace(policy, output_dtype=torch.float32)
     if accelerator.is_main_process:
-        name = str(low).removeprefix("torch.")
-        print(f"{trainer_name}: FSDP mixed precision with float32 module outputs (Accelerate sets {name}), so that "
-              f"log-probs reach the losses in float32 as under DDP or DeepSpeed; parameters still compute in {name}")
+        print(f"{trainer_name}: FSDP mixed precision with float32 module outputs (Accelerate's policy has {name}), so "
+              f"that log-probs reach the losses in float32 as DeepSpeed hands them over; parameters still compute in "
+              f"{name}")
     return True
 
 
@@ -264,6 +302,7 @@ class FiniteTrainingMixin:
     def __init__(self, model, reward_funcs=None, args=None, *rest, **kwargs):
         if args is not None:
             check_master_weights(model, args, type(self).__name__, kwargs.get("peft_config"))
+            check_fsdp_lm_head_cast(model, args, type(self).__name__, kwargs.get("peft_config"))
         super().__init__(model, reward_funcs, args, *rest, **kwargs)
         self.add_callback(FiniteGuard(self))
 

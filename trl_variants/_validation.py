@@ -241,7 +241,8 @@ def check_train_dataset(dataset, trainer_name: str, split: str = "train_dataset"
 def check_one_rollout_batch(dataset, args, trainer_name: str, when: str = "") -> None:
     """At least one rollout batch of prompts: TRL's sampler makes only whole batches of
     ``generation_batch_size / num_generations`` distinct prompts (all processes together), so a smaller dataset gives
-    none, and transformers ends training at step 0 with a warning and saves the untouched model."""
+    none, and transformers ends training at step 0 with a warning and saves the untouched model. Map-style datasets
+    only: a stream's length is unknown until it is read (TRL drops its partial batch too)."""
     if dataset is None or isinstance(dataset, dict) or not hasattr(dataset, "__len__"):
         return
     prompts = args.generation_batch_size // args.num_generations
@@ -249,12 +250,15 @@ def check_one_rollout_batch(dataset, args, trainer_name: str, when: str = "") ->
         return
     processes = args.generation_batch_size // (args.per_device_train_batch_size * args.steps_per_generation)
     raise ValueError(
-        f"{trainer_name}: the train_dataset has {len(dataset)} prompts{when}, fewer than one rollout batch: "
+        f"{trainer_name}: the train_dataset has {len(dataset)} prompt{'s' if len(dataset) != 1 else ''}{when}, "
+        "fewer than one rollout batch: "
         f"per_device_train_batch_size {args.per_device_train_batch_size} x {processes} process(es) x "
         f"steps_per_generation {args.steps_per_generation} = {args.generation_batch_size} completions = {prompts} "
         f"prompts x num_generations {args.num_generations}. TRL's sampler makes no batch from it, so training would "
         "run 0 steps and save the untouched model. Use more prompts (e.g. a larger --dataset_train_split slice), or "
-        "lower per_device_train_batch_size or steps_per_generation (or run on fewer processes)")
+        "a smaller rollout batch: lower per_device_train_batch_size or steps_per_generation (or generation_batch_size "
+        "where you set it), or run on fewer processes (trl-variants train keeps a recipe's global batch on any number "
+        "of processes unless --keep_recipe_batch false)")
 
 
 # ------------------------------------------------------------------------------------------ reward columns ---

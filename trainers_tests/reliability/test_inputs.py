@@ -182,6 +182,20 @@ def test_fewer_prompts_than_one_rollout_batch_refused_before_model_load(trainer_
         trainer_cls(DEFAULT_MODEL_PATH, accuracy_reward, args=args, train_dataset=data)
 
 
+def test_a_dataset_left_smaller_than_one_rollout_batch_is_refused_when_training_starts(tmp_path):
+    """The backstop for a dataset that shrank after the checks before the model load (an offline pass keeps only
+    some prompts: DPH-RL's D_exp, A*-PO's valued ones): the training dataloader is refused, not run for 0 steps."""
+    from trainers_tests.helpers import small_trainer
+
+    trainer = small_trainer("erpo", tmp_path, dataset=_prompts("What is 2 + 3?", "What is 4 + 1?"),
+                            per_device_train_batch_size=4, num_generations=2)  # 2 prompts: one rollout batch
+    trainer.get_train_dataloader()
+    trainer.train_dataset = trainer.train_dataset.select([0])
+    with pytest.raises(ValueError, match=r"ERPOTrainer: the train_dataset has 1 prompt to train on, fewer than one "
+                                         r"rollout batch.*= 2 prompts x num_generations 2"):
+        trainer.get_train_dataloader()
+
+
 @pytest.mark.parametrize("trainer_cls,config_cls", TRAINERS, ids=IDS)
 @pytest.mark.parametrize("empty,why", [
     ("", "empty string"), ("   ", "empty string"), ([], "no message"),

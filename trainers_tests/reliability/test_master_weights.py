@@ -133,3 +133,74 @@ def test_dtype_auto_reads_the_checkpoints_dtype(tmp_path):
     args = small_config(ERPOConfig, tmp_path, model_init_kwargs={"dtype": "auto"})
     check_master_weights(DEFAULT_MODEL_PATH, args, "ERPOTrainer")  # a float32 checkpoint: left as it is
     assert args.model_init_kwargs["dtype"] == "auto"
+
+
+@pytest.mark.parametrize("method", list(TRAINERS))
+def test_fsdp_lm_head_cast_with_a_reference_is_refused_before_the_model_loads(tmp_path, method, monkeypatch):
+    """TRL casts the reference model's lm_head to float32 and FSDP2 refuses its mixed dtypes at the first rollout
+    (``check_distributed_backends.py --paper --extra="--cast_lm_head_to_fp32 true"``: EEPO and A*-PO, whose recipes
+    have a KL term; TRL's GRPOTrainer too)."""
+    def no_load(*a, **k):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")  # what `accelerate launch --config_file fsdp2.yaml` sets
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", no_load)
+    monkeypatch.setattr("transformers.LlamaForCausalLM.from_pretrained", no_load)
+    bf16 = dict(model_init_kwargs={"dtype": "bfloat16"}, cast_lm_head_to_fp32=True)
+    with pytest.raises(ValueError, match=rf"{TRAINERS[method][0].__name__}: cast_lm_head_to_fp32 with a bfloat16 "
+                                         r"policy, beta=0.01 .*FSDP.*uniform original parameter dtype.*Fix: drop "
+                                         r"cast_lm_head_to_fp32.*dtype: float32.*zero2.yaml"):
+        small_trainer(method, tmp_path, beta=0.01, **bf16)
+    # no reference (beta 0), or float32 weights: not refused (the load starts)
+    for kwargs in (dict(bf16, beta=0.0), dict(cast_lm_head_to_fp32=True, beta=0.01)):
+        if method == "apo" and kwargs["beta"] == 0.0:
+            continue  # A*-PO's beta is its beta_2 > 0
+        with pytest.raises(AssertionError, match="the model was loaded"):
+            small_trainer(method, tmp_path, **kwargs)
+
+
+@pytest.mark.parametrize("precision,low", [("bf16", torch.bfloat16), ("fp16", torch.float16), ("fp8", torch.bfloat16)])
+def test_fsdp2_policy_from_accelerate_gets_float32_outputs(precision, low, capsys):
+    """Accelerate's FSDP2 policy casts every module's output (the log-probs included) to the compute dtype; the
+    trainers set float32 outputs and leave the parameters' and reductions' dtype (test_fsdp2.py runs it on 2 processes).
+    """
+    from types import SimpleNamespace
+
+    from accelerate.utils import FullyShardedDataParallelPlugin
+
+    from trl_variants._numerics import float32_outputs_under_fsdp
+
+    plugin = FullyShardedDataParallelPlugin(fsdp_version=2)
+    plugin.set_mixed_precision(precision)  # what AcceleratorState does with the launcher's mixed_precision
+    assert plugin.mixed_precision_policy.output_dtype == low
+    accelerator = SimpleNamespace(state=SimpleNamespace(fsdp_plugin=plugin), is_main_process=True)
+    assert float32_outputs_under_fsdp(accelerator, "ERPOTrainer")
+    policy = plugin.mixed_precision_policy
+    assert (policy.param_dtype, policy.reduce_dtype, policy.output_dtype) == (low, low, torch.float32)
+    assert "ERPOTrainer: FSDP mixed precision with float32 module outputs" in capsys.readouterr().out
+    assert not float32_outputs_under_fsdp(accelerator, "ERPOTrainer")  # a second call: nothing left to do
+
+
+def test_fsdp_policies_left_alone(recwarn):
+    from types import SimpleNamespace
+
+    from accelerate.utils import FullyShardedDataParallelPlugin
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    from trl_variants._numerics import float32_outputs_under_fsdp
+
+    def accelerator(plugin):
+        return SimpleNamespace(state=SimpleNamespace(fsdp_plugin=plugin), is_main_process=True)
+
+    assert not float32_outputs_under_fsdp(accelerator(None), "ERPOTrainer")  # no FSDP
+    fsdp1 = FullyShardedDataParallelPlugin(fsdp_version=1)
+    fsdp1.set_mixed_precision("bf16")  # FSDP1's MixedPrecision casts no outputs: nothing to change
+    assert not float32_outputs_under_fsdp(accelerator(fsdp1), "ERPOTrainer")
+    assert not float32_outputs_under_fsdp(accelerator(FullyShardedDataParallelPlugin(fsdp_version=2)), "ERPOTrainer")
+    # a policy of the user's own (float32 reductions, bf16 outputs): kept, with a warning that names the fix
+    own = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32, output_dtype=torch.bfloat16)
+    plugin = FullyShardedDataParallelPlugin(fsdp_version=2, mixed_precision_policy=own)
+    with pytest.warns(UserWarning, match=r"not Accelerate's default.*output_dtype=torch\.float32"):
+        assert not float32_outputs_under_fsdp(accelerator(plugin), "ERPOTrainer")
+    assert plugin.mixed_precision_policy == own
