@@ -1,9 +1,10 @@
 """The algorithms' math as small pure functions on tensors (no trainer state, no I/O).
 
 Each function is named after what it computes and cites the equation it implements. The trainers call these; they
-are also public API. Low-precision inputs (bf16 / fp16 log-probs, as FSDP's mixed precision or a bf16 model returns
-them) are computed in float32 (:func:`at_least_float32`): in bf16 ``1 - 1e-3`` rounds to 1 and ``exp(d) - d - 1``
-cancels to noise; float64 stays float64. Equation, section and table numbers are the papers' own (ERPO: the anonymous preprint "Beyond
+are also public API. On low-precision inputs (bf16 / fp16 log-probs, as FSDP's mixed precision or a bf16 model
+returns them) each function does its own arithmetic in float32 (:func:`at_least_float32`): in bf16 ``1 - 1e-3`` rounds
+to 1 and ``exp(d) - d - 1`` cancels to noise; float64 stays float64. (A difference a caller formed in bf16 before the
+call stays as rounded.) Equation, section and table numbers are the papers' own (ERPO: the anonymous preprint "Beyond
 the Stability-Exploration Dilemma"; EEPO: arXiv 2510.05837; DPH-RL: arXiv 2509.07430; A*-PO: arXiv 2505.20686);
 docs/algorithms.md writes every equation out with its defaults.
 """
