@@ -36,6 +36,7 @@ import os
 import re
 import warnings
 
+import torch
 from transformers import TrainerCallback, TrainerState
 from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_callback import ExportableState
@@ -100,6 +101,15 @@ class TrlVariantsCheckpoint(TrainerCallback, ExportableState):
         return {"format": RECORD_FORMAT, "trainer": type(trainer).__name__, "config": resume_fields(trainer.args),
                 "algorithm_state": trainer._extra_state()}
 
+    def on_epoch_begin(self, args, state, control, train_dataloader=None, **kwargs):
+        """The train sampler's order for this epoch (:class:`ReplayableEpochs`). Accelerate's ``set_epoch`` does not
+        reach the sampler through every wrapping: a mid-epoch resume on several processes wraps it four deep
+        (``SkipBatchSampler`` > ``BatchSamplerShard`` > ``BatchSampler``). ``state.epoch`` is the epoch about to run
+        (a resumed run's is the checkpoint's, e.g. 1.5 in the middle of epoch 1)."""
+        sampler = _find_replayable(train_dataloader)
+        if sampler is not None:
+            sampler.set_epoch(int(state.epoch + 1e-9))
+
 
 def checkpoint_problem(path: str) -> str | None:
     """Why ``path`` is not a complete checkpoint (its ``trainer_state.json`` missing or unreadable), else None."""
@@ -155,9 +165,60 @@ def last_complete_checkpoint(output_dir: str) -> tuple[str, list[tuple[str, str]
                      "new run without resume_from_checkpoint")
 
 
+def _find_replayable(loader, depth: int = 6):
+    """The :class:`ReplayableEpochs` inside a (prepared, possibly skipping) dataloader, through its ``batch_sampler``
+    and ``sampler`` attributes; None if there is none (a streamed dataset)."""
+    seen, todo = set(), [(loader, 0)]
+    while todo:
+        obj, d = todo.pop()
+        if obj is None or id(obj) in seen or d > depth:
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, ReplayableEpochs):
+            return obj
+        todo += [(getattr(obj, name, None), d + 1) for name in ("batch_sampler", "sampler", "base_dataloader")]
+    return None
+
+
+class ReplayableEpochs(torch.utils.data.Sampler):
+    """GRPOTrainer's ``RepeatSampler``, with the order of every epoch reproducible from any checkpoint.
+
+    TRL's sampler draws one permutation per pass from a generator seeded once, and has no ``set_epoch``. A run resumed
+    in epoch k >= 1 builds a new sampler, so it took epoch 0's order for epoch k; resumed mid-epoch, it then skipped
+    the first batches of that order. The prompts it trained were not the uninterrupted run's: within that epoch some
+    came twice and others not at all. The paper recipes train for many epochs (A*-PO 25).
+
+    At the start of each epoch, ``set_epoch(k)`` (called by :class:`TrlVariantsCheckpoint`'s ``on_epoch_begin``, and
+    by transformers and Accelerate where their wrapping reaches it) re-seeds the generator and draws the k
+    permutations the earlier epochs drew, so the generator is where k passes leave it. An uninterrupted run keeps
+    TRL's order exactly, and a resumed run takes the same order. Without shuffling or without a seed there is nothing
+    to replay. Iterated without ``set_epoch`` (A*-PO's look-ahead), it draws successive epochs as TRL's does."""
+
+    def __init__(self, sampler):
+        self.sampler = sampler
+
+    def __iter__(self):
+        return iter(self.sampler)
+
+    def __len__(self):
+        return len(self.sampler)
+
+    def set_epoch(self, epoch: int) -> None:
+        s = self.sampler
+        if not getattr(s, "shuffle", False) or getattr(s, "seed", None) is None:
+            return
+        s.generator.manual_seed(s.seed)
+        for _ in range(epoch):  # the draws of the epochs before (RepeatSampler.__iter__: one randperm each)
+            torch.randperm(s.num_samples, generator=s.generator)
+
+
 class CheckpointStateMixin:
     """Mix into a GRPOTrainer subclass, before GRPOTrainer. Override ``_extra_state`` / ``_load_extra_state`` when the
-    algorithm keeps state between steps (JSON-serialisable)."""
+    algorithm keeps state between steps (JSON-serialisable). The train sampler replays its epochs' order on a resume
+    (:class:`ReplayableEpochs`)."""
+
+    def _get_train_sampler(self, dataset=None):
+        return ReplayableEpochs(super()._get_train_sampler(dataset))
 
     def __init__(self, *args, **kwargs):
         # ``args.resume_from_checkpoint`` (transformers leaves it to scripts, which pass it to train()): its checkpoint
