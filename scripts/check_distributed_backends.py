@@ -6,6 +6,7 @@
     python scripts/check_distributed_backends.py --heldout  # with held-out evaluation during training
     python scripts/check_distributed_backends.py --recipes  # each method's example script and tiny recipe
     python scripts/check_distributed_backends.py --paper    # each method's paper recipe in bf16
+    python scripts/check_distributed_backends.py --paper --resume  # ... resumed inside its second epoch
 
 Runs ``trainers_tests/distributed/harness.py`` (3 optimizer steps, fixed global batch and completions) with
 ``torchrun`` (gloo DDP, the reference) and with ``accelerate launch --config_file configs/accelerate/<backend>.yaml
@@ -311,6 +312,86 @@ def moved_tensors(saved: Path) -> tuple[int, int, float]:
     return sum(c > 0 for c in changes), len(changes), max(changes)
 
 
+def paper_command(method: str, backend: str, port: int, tmp: Path, flags: list[str]) -> tuple[list[str], dict]:
+    """``accelerate launch`` of ``method``'s paper recipe (``PAPER_RECIPE``) in its own precision under ``backend``
+    on 2 CPU processes: its ``# smoke:`` command with the tiny model and the embedded task substituted (the suite's
+    ``test_recipe_start.cpu_smoke_argv``, which copies the recipe into ``tmp``), 32-token completions, then
+    ``flags``. Returns the command and its environment (presample cache under ``tmp``)."""
+    import yaml
+
+    sys.path.insert(0, str(ROOT))  # the smoke command's CPU stand-ins, as the suite's recipe test makes them
+    from trainers_tests.examples.test_recipe_start import cpu_smoke_argv
+
+    recipe = ROOT / "configs" / method / f"{PAPER_RECIPE[method]}.yaml"
+    own = yaml.safe_load(recipe.read_text())
+    precision = ["--bf16", str(own.get("bf16", False)).lower(), "--dtype", str(own.get("dtype", "float32")),
+                 "--gradient_checkpointing", str(own.get("gradient_checkpointing", False)).lower()]
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
+               TRL_VARIANTS_CACHE=str(tmp / "cache"))
+    if backend.startswith("fsdp"):  # FSDP over gloo on a machine without a GPU: the harness's lift
+        env["PYTHONPATH"] = str(HARNESS.parent / "fsdp_on_cpu")
+    cmd = [str(BIN / "accelerate"), "launch", "--config_file", str(ROOT / "configs" / "accelerate" / f"{backend}.yaml"),
+           "--num_processes", "2", "--main_process_port", str(port), str(ROOT / "examples" / f"train_{method}.py"),
+           *cpu_smoke_argv(recipe, tmp), *precision, "--max_completion_length", "32", "--torch_threads", "1", *flags]
+    return cmd, env
+
+
+def check_paper_resume(args, out: Path) -> None:
+    """``--paper --resume``: each paper recipe in its own precision (:func:`paper_command`) under DDP and each backend,
+    on a dataset of two rollout batches (an epoch is 2 steps), 4 steps with a checkpoint every step; then new processes
+    resume from checkpoint-3, inside the second epoch, and their final weights and step-4 loss are set against the
+    uninterrupted run's. (The float32 ``--resume`` runs stay inside the first epoch.)"""
+    import tempfile
+
+    import torch  # noqa: F401  (safetensors.torch needs it)
+    import yaml
+    from safetensors.torch import load_file
+
+    work = out / "runs"
+    work.mkdir(parents=True, exist_ok=True)
+    rows, port = [], 29950
+    for method in args.trainers:
+        own = yaml.safe_load((ROOT / "configs" / method / f"{PAPER_RECIPE[method]}.yaml").read_text())
+        prompts = 2 * max(1, 16 // own["num_generations"])  # the smoke batch: 8 completions a process, 2 processes
+        for backend in ["multi_cpu", *args.backends]:
+            with tempfile.TemporaryDirectory() as tmp:
+                first, resumed = Path(tmp) / "first", Path(tmp) / "resumed"
+                common = ["--max_steps", "4", "--dataset_train_split", f"train[:{prompts}]"]
+                start = time.time()
+                port += 2
+                cmd, env = paper_command(method, backend, port, Path(tmp), [
+                    *common, "--output_dir", str(first), "--save_strategy", "steps", "--save_steps", "1"])
+                log_first = work / f"paper-resume-{method}-{backend}-first.log"
+                ok, error = run(cmd, env, log_first, timeout=900, cwd=ROOT, finished=lambda t: "model saved to" in t)
+                if ok:
+                    cmd, env = paper_command(method, backend, port + 1, Path(tmp), [
+                        *common, "--output_dir", str(resumed), "--resume_from_checkpoint",
+                        str(first / "checkpoint-3")])
+                    log_resumed = work / f"paper-resume-{method}-{backend}-resumed.log"
+                    ok, error = run(cmd, env, log_resumed, timeout=900, cwd=ROOT,
+                                    finished=lambda t: "model saved to" in t)
+                row = {"trainer": method, "backend": "ddp" if backend == "multi_cpu" else backend, "resumed": ok,
+                       "prompts": prompts, "seconds": round(time.time() - start), "error": error}
+                if ok:
+                    wa, wb = (load_file(str(d / "model.safetensors")) for d in (first, resumed))
+                    row["max_param_diff"] = max((wa[k].float() - wb[k].float()).abs().max().item() for k in wa)
+                    steps_a, steps_b = _logged_steps(log_first.read_text()), _logged_steps(log_resumed.read_text())
+                    row["loss_step4"] = [steps_a[-1]["loss"], steps_b[-1]["loss"]] if steps_a and steps_b else []
+                    row["epoch_at_checkpoint"] = json.loads((first / "checkpoint-3" / "trainer_state.json")
+                                                            .read_text())["epoch"]
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    rows = merged(out / "paper_resume.json", rows)
+    write_table(out / "paper_resume.md", "Each paper recipe in bf16 resumed inside its second epoch, 2 CPU processes",
+                "--paper --resume", "A dataset of two rollout batches (an epoch is 2 steps), 4 steps, a checkpoint "
+                "every step; new processes resume from checkpoint-3 and end at step 4.", rows,
+                {"resumed": lambda r: "yes" if r["resumed"] else "no",
+                 "epoch at checkpoint-3": lambda r: r.get("epoch_at_checkpoint", ""),
+                 "max parameter diff to the uninterrupted run": param_cell,
+                 "step-4 loss (uninterrupted / resumed)": lambda r: " / ".join(map(str, r.get("loss_step4", []))),
+                 "seconds": lambda r: r["seconds"]})
+
+
 def check_paper_recipes(args, out: Path) -> None:
     """``--paper``: each method's paper recipe in its own precision (``dtype: bfloat16``, ``bf16: true``, gradient
     checkpointing), as a cluster user launches it under DDP (multi_cpu.yaml), ZeRO-2, ZeRO-3 and FSDP2 with bf16
@@ -320,35 +401,19 @@ def check_paper_recipes(args, out: Path) -> None:
     own number (``PAPER_METRIC``), and how many weight tensors the 3 steps moved at the recipe's 1e-6 / 2e-7 / 5e-7."""
     import tempfile
 
-    import yaml
-
-    sys.path.insert(0, str(ROOT))  # the smoke command's CPU stand-ins, as the suite's recipe test makes them
-    from trainers_tests.examples.test_recipe_start import cpu_smoke_argv
-
     work = out / "runs"
     work.mkdir(parents=True, exist_ok=True)
     rows, port = [], 29900
     for method in args.trainers:
         recipe = ROOT / "configs" / method / f"{PAPER_RECIPE[method]}.yaml"
-        own = yaml.safe_load(recipe.read_text())
-        precision = ["--bf16", str(own.get("bf16", False)).lower(), "--dtype", str(own.get("dtype", "float32")),
-                     "--gradient_checkpointing", str(own.get("gradient_checkpointing", False)).lower()]
         for backend in ["multi_cpu", *args.backends]:
             port += 1
             name = f"paper-{method}-{backend}" + ("-extra" if args.extra else "")
             with tempfile.TemporaryDirectory() as tmp:
-                argv = cpu_smoke_argv(recipe, Path(tmp))
                 run_dir = Path(tmp) / "out"
-                env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
-                           TRL_VARIANTS_CACHE=str(Path(tmp) / "cache"))
-                if backend.startswith("fsdp"):  # FSDP over gloo on a machine without a GPU: the harness's lift
-                    env["PYTHONPATH"] = str(HARNESS.parent / "fsdp_on_cpu")
-                cmd = [str(BIN / "accelerate"), "launch", "--config_file",
-                       str(ROOT / "configs" / "accelerate" / f"{backend}.yaml"), "--num_processes", "2",
-                       "--main_process_port", str(port), str(ROOT / "examples" / f"train_{method}.py"), *argv,
-                       *precision, "--max_completion_length", "32", "--max_steps", "3", "--torch_threads", "1",
-                       "--dataset_train_split", "train[:32]",  # 2 processes: twice the smoke command's batch
-                       *shlex.split(args.extra)]
+                cmd, env = paper_command(method, backend, port, Path(tmp), [
+                    "--max_steps", "3", "--dataset_train_split", "train[:32]",  # 2 processes: twice the smoke batch
+                    "--output_dir", str(run_dir), *shlex.split(args.extra)])
                 start = time.time()
                 log = work / f"{name}.log"
                 ok, error = run(cmd, env, log, timeout=900, cwd=ROOT,
@@ -419,7 +484,7 @@ def main() -> None:
         return
     args.trainers = args.trainers or DEFAULT_TRAINERS
     if args.paper:
-        check_paper_recipes(args, out)
+        (check_paper_resume if args.resume else check_paper_recipes)(args, out)
         return
     if args.resume:
         check_resume(args, out)
