@@ -339,8 +339,9 @@ def paper_command(method: str, backend: str, port: int, tmp: Path, flags: list[s
 def check_paper_resume(args, out: Path) -> None:
     """``--paper --resume``: each paper recipe in its own precision (:func:`paper_command`) under DDP and each backend,
     on a dataset of two rollout batches (an epoch is 2 steps), 4 steps with a checkpoint every step; then new processes
-    resume from checkpoint-3, inside the second epoch, and their final weights and step-4 loss are set against the
-    uninterrupted run's. (The float32 ``--resume`` runs stay inside the first epoch.)"""
+    resume from the first checkpoint inside the second epoch (a row fails without one), and their final weights and
+    step-4 loss are set against the uninterrupted run's. (The float32 ``--resume`` runs stay inside the first
+    epoch.)"""
     import tempfile
 
     import torch  # noqa: F401  (safetensors.torch needs it)
@@ -352,7 +353,9 @@ def check_paper_resume(args, out: Path) -> None:
     rows, port = [], 29950
     for method in args.trainers:
         own = yaml.safe_load((ROOT / "configs" / method / f"{PAPER_RECIPE[method]}.yaml").read_text())
-        prompts = 2 * max(1, 16 // own["num_generations"])  # the smoke batch: 8 completions a process, 2 processes
+        # two rollout batches (the smoke batch: 8 completions a process, 2 processes); DPH-RL's offline pass moves
+        # about half of them to D_pef, so it gets twice as many
+        prompts = 2 * max(1, 16 // own["num_generations"]) * (2 if method == "dph" else 1)
         for backend in ["multi_cpu", *args.backends]:
             with tempfile.TemporaryDirectory() as tmp:
                 first, resumed = Path(tmp) / "first", Path(tmp) / "resumed"
@@ -363,10 +366,17 @@ def check_paper_resume(args, out: Path) -> None:
                     *common, "--output_dir", str(first), "--save_strategy", "steps", "--save_steps", "1"])
                 log_first = work / f"paper-resume-{method}-{backend}-first.log"
                 ok, error = run(cmd, env, log_first, timeout=900, cwd=ROOT, finished=lambda t: "model saved to" in t)
+                inside = None
+                if ok:  # the first checkpoint inside the second epoch (1 < epoch < 2)
+                    epochs = {n: json.loads((first / f"checkpoint-{n}" / "trainer_state.json").read_text())["epoch"]
+                              for n in range(1, 5)}
+                    inside = next((n for n, e in epochs.items() if 1 < e < 2), None)
+                    if inside is None:
+                        ok, error = False, f"no checkpoint inside the second epoch (epoch at each: {epochs})"
                 if ok:
                     cmd, env = paper_command(method, backend, port + 1, Path(tmp), [
                         *common, "--output_dir", str(resumed), "--resume_from_checkpoint",
-                        str(first / "checkpoint-3")])
+                        str(first / f"checkpoint-{inside}")])
                     log_resumed = work / f"paper-resume-{method}-{backend}-resumed.log"
                     ok, error = run(cmd, env, log_resumed, timeout=900, cwd=ROOT,
                                     finished=lambda t: "model saved to" in t)
@@ -377,16 +387,17 @@ def check_paper_resume(args, out: Path) -> None:
                     row["max_param_diff"] = max((wa[k].float() - wb[k].float()).abs().max().item() for k in wa)
                     steps_a, steps_b = _logged_steps(log_first.read_text()), _logged_steps(log_resumed.read_text())
                     row["loss_step4"] = [steps_a[-1]["loss"], steps_b[-1]["loss"]] if steps_a and steps_b else []
-                    row["epoch_at_checkpoint"] = json.loads((first / "checkpoint-3" / "trainer_state.json")
-                                                            .read_text())["epoch"]
+                    row["checkpoint"], row["epoch_at_checkpoint"] = inside, epochs[inside]
             rows.append(row)
             print(json.dumps(row), flush=True)
     rows = merged(out / "paper_resume.json", rows)
     write_table(out / "paper_resume.md", "Each paper recipe in bf16 resumed inside its second epoch, 2 CPU processes",
                 "--paper --resume", "A dataset of two rollout batches (an epoch is 2 steps), 4 steps, a checkpoint "
-                "every step; new processes resume from checkpoint-3 and end at step 4.", rows,
+                "every step; new processes resume from the first checkpoint inside the second epoch and end at step "
+                "4.", rows,
                 {"resumed": lambda r: "yes" if r["resumed"] else "no",
-                 "epoch at checkpoint-3": lambda r: r.get("epoch_at_checkpoint", ""),
+                 "resumed from (its epoch)": lambda r: (f"checkpoint-{r['checkpoint']} ({r['epoch_at_checkpoint']})"
+                                                        if "checkpoint" in r else ""),
                  "max parameter diff to the uninterrupted run": param_cell,
                  "step-4 loss (uninterrupted / resumed)": lambda r: " / ".join(map(str, r.get("loss_step4", []))),
                  "seconds": lambda r: r["seconds"]})

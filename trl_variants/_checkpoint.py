@@ -32,6 +32,7 @@ import contextvars
 import dataclasses
 import enum
 import json
+import math
 import os
 import re
 import warnings
@@ -101,12 +102,13 @@ class TrlVariantsCheckpoint(TrainerCallback, ExportableState):
         return {"format": RECORD_FORMAT, "trainer": type(trainer).__name__, "config": resume_fields(trainer.args),
                 "algorithm_state": trainer._extra_state()}
 
-    def on_epoch_begin(self, args, state, control, train_dataloader=None, **kwargs):
-        """The train sampler's order for this epoch (:class:`ReplayableEpochs`). Accelerate's ``set_epoch`` does not
-        reach the sampler through every wrapping: a mid-epoch resume on several processes wraps it four deep
-        (``SkipBatchSampler`` > ``BatchSamplerShard`` > ``BatchSampler``). ``state.epoch`` is the epoch about to run
-        (a resumed run's is the checkpoint's, e.g. 1.5 in the middle of epoch 1)."""
-        sampler = _find_replayable(train_dataloader)
+    def on_epoch_begin(self, args, state, control, **kwargs):
+        """The train sampler's order for this epoch (:class:`ReplayableEpochs`), set on the sampler the training
+        dataloader was built with. Accelerate's ``set_epoch`` does not reach it through every wrapping: a mid-epoch
+        resume on several processes wraps it four deep (``SkipBatchSampler`` > ``BatchSamplerShard`` >
+        ``BatchSampler``). ``state.epoch`` is the epoch about to run (a resumed run's is the checkpoint's, e.g. 1.5
+        in the middle of epoch 1; after a whole epoch e it is exactly e + 1.0)."""
+        sampler = getattr(self.trainer, "_train_sampler", None)
         if sampler is not None:
             sampler.set_epoch(int(state.epoch + 1e-9))
 
@@ -165,21 +167,6 @@ def last_complete_checkpoint(output_dir: str) -> tuple[str, list[tuple[str, str]
                      "new run without resume_from_checkpoint")
 
 
-def _find_replayable(loader, depth: int = 6):
-    """The :class:`ReplayableEpochs` inside a (prepared, possibly skipping) dataloader, through its ``batch_sampler``
-    and ``sampler`` attributes; None if there is none (a streamed dataset)."""
-    seen, todo = set(), [(loader, 0)]
-    while todo:
-        obj, d = todo.pop()
-        if obj is None or id(obj) in seen or d > depth:
-            continue
-        seen.add(id(obj))
-        if isinstance(obj, ReplayableEpochs):
-            return obj
-        todo += [(getattr(obj, name, None), d + 1) for name in ("batch_sampler", "sampler", "base_dataloader")]
-    return None
-
-
 class ReplayableEpochs(torch.utils.data.Sampler):
     """GRPOTrainer's ``RepeatSampler``, with the order of every epoch reproducible from any checkpoint.
 
@@ -191,11 +178,13 @@ class ReplayableEpochs(torch.utils.data.Sampler):
     At the start of each epoch, ``set_epoch(k)`` (called by :class:`TrlVariantsCheckpoint`'s ``on_epoch_begin``, and
     by transformers and Accelerate where their wrapping reaches it) re-seeds the generator and draws the k
     permutations the earlier epochs drew, so the generator is where k passes leave it. An uninterrupted run keeps
-    TRL's order exactly, and a resumed run takes the same order. Without shuffling or without a seed there is nothing
-    to replay. Iterated without ``set_epoch`` (A*-PO's look-ahead), it draws successive epochs as TRL's does."""
+    TRL's order exactly, and a resumed run takes the same order. The generator's state at construction is what is
+    restored (a sampler without a seed starts from torch's fixed default too). Without shuffling there is nothing to
+    replay. Iterated without ``set_epoch`` (A*-PO's look-ahead), it draws successive epochs as TRL's does."""
 
     def __init__(self, sampler):
         self.sampler = sampler
+        self._start = sampler.generator.get_state() if getattr(sampler, "shuffle", False) else None
 
     def __iter__(self):
         return iter(self.sampler)
@@ -205,9 +194,9 @@ class ReplayableEpochs(torch.utils.data.Sampler):
 
     def set_epoch(self, epoch: int) -> None:
         s = self.sampler
-        if not getattr(s, "shuffle", False) or getattr(s, "seed", None) is None:
+        if self._start is None:
             return
-        s.generator.manual_seed(s.seed)
+        s.generator.set_state(self._start)
         for _ in range(epoch):  # the draws of the epochs before (RepeatSampler.__iter__: one randperm each)
             torch.randperm(s.num_samples, generator=s.generator)
 
@@ -218,7 +207,16 @@ class CheckpointStateMixin:
     (:class:`ReplayableEpochs`)."""
 
     def _get_train_sampler(self, dataset=None):
-        return ReplayableEpochs(super()._get_train_sampler(dataset))
+        self._last_sampler = ReplayableEpochs(super()._get_train_sampler(dataset))
+        return self._last_sampler
+
+    def get_train_dataloader(self):
+        """transformers' training dataloader; the sampler it was built with is kept for ``on_epoch_begin`` (A*-PO's
+        look-ahead builds samplers of its own, outside this call)."""
+        self._last_sampler = None
+        loader = super().get_train_dataloader()
+        self._train_sampler = self._last_sampler  # None for a streamed dataset (no sampler)
+        return loader
 
     def __init__(self, *args, **kwargs):
         # ``args.resume_from_checkpoint`` (transformers leaves it to scripts, which pass it to train()): its checkpoint
@@ -232,6 +230,8 @@ class CheckpointStateMixin:
             check_checkpoint_record(resume, type(self).__name__, config)
         super().__init__(*args, **kwargs)
         self.add_callback(TrlVariantsCheckpoint(self))
+        if self.args.process_index == 0:
+            warn_checkpoints_inside_rollouts(self.args, type(self).__name__)
 
     def _extra_state(self) -> dict:
         return {}
@@ -251,6 +251,7 @@ class CheckpointStateMixin:
             self._restore_record(resume_from_checkpoint)
             if self.args.process_index == 0:
                 print(resume_line(type(self).__name__, resume_from_checkpoint, self.args.max_steps))
+                warn_resume_inside_a_rollout(resume_from_checkpoint, self.args, type(self).__name__)
         token = _TRAINING.set(self)
         try:
             return super().train(resume_from_checkpoint, *args, **kwargs)
@@ -279,11 +280,54 @@ class CheckpointStateMixin:
         self._load_extra_state(record.get("algorithm_state", {}))
 
 
+def inside_a_rollout(step: int, args) -> bool:
+    """Whether optimizer step ``step`` ends inside a rollout: GRPOTrainer generates once every
+    ``steps_per_generation x num_iterations`` micro-steps and keeps that rollout in memory only (not in checkpoints),
+    so a run resumed after such a step generates it again, with other completions than the uninterrupted run."""
+    every = args.steps_per_generation * args.num_iterations
+    return (step * args.gradient_accumulation_steps) % every != 0
+
+
+def rollout_steps(args) -> int:
+    """The smallest number of optimizer steps that always ends on a rollout boundary."""
+    every = args.steps_per_generation * args.num_iterations
+    return every // math.gcd(every, args.gradient_accumulation_steps)
+
+
+def warn_checkpoints_inside_rollouts(args, trainer_name: str) -> None:
+    """``save_steps`` that put checkpoints inside rollouts: a resume from one is not the uninterrupted run."""
+    if str(getattr(args.save_strategy, "value", args.save_strategy)) != "steps" or args.save_steps < 1 \
+            or args.save_steps != int(args.save_steps):  # a fraction of the run: resolved by transformers later
+        return
+    if inside_a_rollout(int(args.save_steps), args):
+        k = rollout_steps(args)
+        warnings.warn(
+            f"{trainer_name}: save_steps={int(args.save_steps)} puts checkpoints inside rollouts (one rollout every "
+            f"steps_per_generation x num_iterations = {args.steps_per_generation * args.num_iterations} micro-steps, "
+            f"gradient_accumulation_steps={args.gradient_accumulation_steps}): GRPOTrainer keeps a rollout in memory "
+            "only, so a run resumed from such a checkpoint generates that rollout again and trains on other "
+            f"completions than the uninterrupted run. Set save_steps to a multiple of {k} for checkpoints that resume "
+            "exactly", stacklevel=3)
+
+
 def resume_line(trainer_name: str, checkpoint: str, max_steps: int) -> str:
     """What a resumed run says first: the checkpoint and the step training continues from."""
     step = TrainerState.load_from_json(os.path.join(checkpoint, TRAINER_STATE_NAME)).global_step
     until = f" to step {max_steps}" if max_steps and max_steps > 0 else ""
     return f"{trainer_name}: resuming from {checkpoint} (after step {step}; training continues{until})"
+
+
+def warn_resume_inside_a_rollout(checkpoint: str, args, trainer_name: str) -> None:
+    """A resume from a checkpoint taken inside a rollout (:func:`inside_a_rollout`), said before training goes on."""
+    step = TrainerState.load_from_json(os.path.join(checkpoint, TRAINER_STATE_NAME)).global_step
+    if inside_a_rollout(step, args):
+        k = rollout_steps(args)
+        warnings.warn(
+            f"{trainer_name}: {checkpoint} was saved after step {step}, inside a rollout (rollouts end on multiples of "
+            f"{k} optimizer steps): its completions are not in the checkpoint, so this run generates that rollout "
+            f"again and its steps up to {(step // k + 1) * k} train on other completions than the uninterrupted run. "
+            f"For an exact resume use a checkpoint at a multiple of {k} (e.g. checkpoint-{step // k * k})",
+            stacklevel=3)
 
 
 def check_checkpoint_record(checkpoint: str, trainer_name: str, args) -> dict:

@@ -248,3 +248,16 @@ def test_eepo_recipe_has_the_papers_kl_and_entropy_coefficients(bf16_anywhere):
     from trl_variants import EEPOConfig
 
     assert EEPOConfig.beta == 0.0 and EEPOConfig.entropy_coef == 0.0
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=_rel)
+@pytest.mark.usefixtures("bf16_anywhere")
+def test_every_recipe_checkpoint_falls_between_rollouts(path):
+    """A checkpoint inside a rollout resumes with a rollout generated again (GRPOTrainer keeps it in memory only):
+    every recipe's save_steps is a multiple of its optimizer steps per rollout."""
+    from trl_variants._checkpoint import inside_a_rollout, rollout_steps
+
+    _, args, _ = parse_recipe(path)
+    if str(getattr(args.save_strategy, "value", args.save_strategy)) == "steps":
+        assert not inside_a_rollout(int(args.save_steps), args), (
+            f"{_rel(path)}: save_steps {args.save_steps} is not a multiple of {rollout_steps(args)}")

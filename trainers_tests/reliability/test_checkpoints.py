@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
+import warnings
 from pathlib import Path
 
 import pytest
@@ -306,6 +307,42 @@ def test_replayable_epochs_keep_trls_order_and_replay_any_epoch():
     ahead = ReplayableEpochs(sampler())
     assert [list(ahead) for _ in range(4)] == epochs  # iterated without set_epoch (A*-PO's look-ahead): as TRL's
     assert len(replay) == len(trl)
+    unseeded = RepeatSampler(list(range(10)), mini_repeat_count=2, batch_size=2, seed=None)  # torch's fixed default
+    second = [list(unseeded) for _ in range(2)][1]
+    again = ReplayableEpochs(RepeatSampler(list(range(10)), mini_repeat_count=2, batch_size=2, seed=None))
+    again.set_epoch(1)
+    assert list(again) == second
+
+
+def test_on_epoch_begin_sets_the_epoch_where_accelerates_set_epoch_does_not_reach():
+    """Process 0 of 2, resumed inside epoch 1: the prepared dataloader skips its first batch (SkipBatchSampler >
+    BatchSamplerShard > BatchSampler > sampler), and Accelerate's set_epoch stops short of the sampler. The callback
+    sets it (transformers' ``state.epoch`` is the checkpoint's, 1.5), so the batches are the uninterrupted run's."""
+    from types import SimpleNamespace
+
+    from accelerate.data_loader import prepare_data_loader, skip_first_batches
+    from trl.trainer.utils import RepeatSampler
+
+    from trl_variants._checkpoint import ReplayableEpochs
+
+    def loader():
+        sampler = ReplayableEpochs(RepeatSampler(list(range(8)), mini_repeat_count=2, batch_size=2, seed=0))
+        data = torch.utils.data.DataLoader(list(range(8)), batch_size=2, sampler=sampler)
+        return sampler, prepare_data_loader(data, num_processes=2, process_index=0, put_on_device=False, rng_types=[])
+
+    _, whole = loader()
+    epochs = []
+    for epoch in range(2):  # as transformers runs them: set_epoch, then iterate
+        whole.set_epoch(epoch)
+        epochs.append([b.tolist() for b in whole])
+    assert epochs[0] != epochs[1]
+    sampler, resumed = loader()
+    skipping = skip_first_batches(resumed, 1)
+    skipping.set_epoch(1)
+    assert [b.tolist() for b in skipping] == epochs[0][1:]  # Accelerate alone: epoch 0's order (the bug)
+    TrlVariantsCheckpoint(SimpleNamespace(_train_sampler=sampler)).on_epoch_begin(None, TrainerState(epoch=1.5), None)
+    skipping.set_epoch(1)
+    assert [b.tolist() for b in skipping] == epochs[1][1:]
 
 
 @pytest.mark.parametrize("checkpoint", [2, 3], ids=["at-the-epoch-boundary", "inside-the-second-epoch"])
@@ -371,3 +408,28 @@ def test_two_processes_resume_inside_the_second_epoch(tmp_path):
     script = tmp_path / "two_ranks.py"
     script.write_text(TWO_RANKS_EPOCHS.format(out=str(tmp_path)))
     run_two_ranks(script, 29567, timeout=400)
+
+
+def test_a_checkpoint_inside_a_rollout_is_said_and_one_between_rollouts_resumes_exactly(tmp_path):
+    """GRPOTrainer keeps a rollout in memory only: with steps_per_generation=2 two optimizer steps share one, and a run
+    resumed after step 3 generates steps 3-4's rollout again (other completions, other weights). Said when save_steps
+    puts checkpoints there and when such a checkpoint is resumed; a checkpoint between rollouts resumes exactly."""
+    def erpo(out):
+        trainer_cls, config_cls = method_classes("erpo")
+        args = small_config(config_cls, out, **dict(SAVE, num_generations=2, max_steps=4, steps_per_generation=2))
+        return trainer_cls(model=DEFAULT_MODEL_PATH, reward_funcs=text_reward, args=args,
+                           train_dataset=train_dataset(16))
+
+    with pytest.warns(UserWarning, match=r"save_steps=1 puts checkpoints inside rollouts.*multiple of 2"):
+        whole = erpo(tmp_path / "whole")
+    whole.train()
+    with pytest.warns(UserWarning, match=r"checkpoint-3 was saved after step 3, inside a rollout.*steps up to 4 .*"
+                                         r"checkpoint-2"):
+        erpo(tmp_path / "inside").train(resume_from_checkpoint=str(tmp_path / "whole" / "checkpoint-3"))
+    between = erpo(tmp_path / "between")
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        between.train(resume_from_checkpoint=str(tmp_path / "whole" / "checkpoint-2"))
+    assert not [w for w in said if "inside a rollout" in str(w.message)]
+    for (name, a), b in zip(whole.model.named_parameters(), between.model.parameters(), strict=True):
+        assert torch.equal(a, b), name
