@@ -312,6 +312,15 @@ def moved_tensors(saved: Path) -> tuple[int, int, float]:
     return sum(c > 0 for c in changes), len(changes), max(changes)
 
 
+def smoke_flags(recipe: Path) -> dict[str, str]:
+    """The ``--flag value`` pairs of a recipe's ``# smoke:`` command (the last value of each)."""
+    sys.path.insert(0, str(ROOT))
+    from trainers_tests.examples.test_recipe_start import smoke_argv
+
+    argv = smoke_argv(recipe)
+    return {a: b for a, b in zip(argv, argv[1:], strict=False) if a.startswith("--")}
+
+
 def paper_command(method: str, backend: str, port: int, tmp: Path, flags: list[str]) -> tuple[list[str], dict]:
     """``accelerate launch`` of ``method``'s paper recipe (``PAPER_RECIPE``) in its own precision under ``backend``
     on 2 CPU processes: its ``# smoke:`` command with the tiny model and the embedded task substituted (the suite's
@@ -353,13 +362,15 @@ def check_paper_resume(args, out: Path) -> None:
     rows, port = [], 29950
     for method in args.trainers:
         own = yaml.safe_load((ROOT / "configs" / method / f"{PAPER_RECIPE[method]}.yaml").read_text())
-        # two rollout batches (the smoke batch: 8 completions a process, 2 processes); DPH-RL's offline pass moves
-        # about half of them to D_pef, so it gets twice as many
-        prompts = 2 * max(1, 16 // own["num_generations"]) * (2 if method == "dph" else 1)
+        # two rollout batches of the smoke command's (its per_device_train_batch_size on 2 processes); DPH-RL's offline
+        # pass moves some of them to D_pef, so it gets twice as many and 6 steps
+        smoke = smoke_flags(ROOT / "configs" / method / f"{PAPER_RECIPE[method]}.yaml")
+        per_step = max(1, 2 * int(smoke["--per_device_train_batch_size"]) // own["num_generations"])
+        prompts, steps = (4 * per_step, 6) if method == "dph" else (2 * per_step, 4)
         for backend in ["multi_cpu", *args.backends]:
             with tempfile.TemporaryDirectory() as tmp:
                 first, resumed = Path(tmp) / "first", Path(tmp) / "resumed"
-                common = ["--max_steps", "4", "--dataset_train_split", f"train[:{prompts}]"]
+                common = ["--max_steps", str(steps), "--dataset_train_split", f"train[:{prompts}]"]
                 start = time.time()
                 port += 2
                 cmd, env = paper_command(method, backend, port, Path(tmp), [
@@ -369,7 +380,7 @@ def check_paper_resume(args, out: Path) -> None:
                 inside = None
                 if ok:  # the first checkpoint inside the second epoch (1 < epoch < 2)
                     epochs = {n: json.loads((first / f"checkpoint-{n}" / "trainer_state.json").read_text())["epoch"]
-                              for n in range(1, 5)}
+                              for n in range(1, steps)}
                     inside = next((n for n, e in epochs.items() if 1 < e < 2), None)
                     if inside is None:
                         ok, error = False, f"no checkpoint inside the second epoch (epoch at each: {epochs})"
@@ -386,20 +397,20 @@ def check_paper_resume(args, out: Path) -> None:
                     wa, wb = (load_file(str(d / "model.safetensors")) for d in (first, resumed))
                     row["max_param_diff"] = max((wa[k].float() - wb[k].float()).abs().max().item() for k in wa)
                     steps_a, steps_b = _logged_steps(log_first.read_text()), _logged_steps(log_resumed.read_text())
-                    row["loss_step4"] = [steps_a[-1]["loss"], steps_b[-1]["loss"]] if steps_a and steps_b else []
+                    row["loss_last"] = [steps_a[-1]["loss"], steps_b[-1]["loss"]] if steps_a and steps_b else []
                     row["checkpoint"], row["epoch_at_checkpoint"] = inside, epochs[inside]
             rows.append(row)
             print(json.dumps(row), flush=True)
     rows = merged(out / "paper_resume.json", rows)
     write_table(out / "paper_resume.md", "Each paper recipe in bf16 resumed inside its second epoch, 2 CPU processes",
-                "--paper --resume", "A dataset of two rollout batches (an epoch is 2 steps), 4 steps, a checkpoint "
-                "every step; new processes resume from the first checkpoint inside the second epoch and end at step "
-                "4.", rows,
+                "--paper --resume", "A dataset of two rollout batches (an epoch is 2 steps), 4 steps (DPH-RL: four "
+                "batches before its split, 6 steps), a checkpoint every step; new processes resume from the first "
+                "checkpoint inside the second epoch and end with the run.", rows,
                 {"resumed": lambda r: "yes" if r["resumed"] else "no",
                  "resumed from (its epoch)": lambda r: (f"checkpoint-{r['checkpoint']} ({r['epoch_at_checkpoint']})"
                                                         if "checkpoint" in r else ""),
                  "max parameter diff to the uninterrupted run": param_cell,
-                 "step-4 loss (uninterrupted / resumed)": lambda r: " / ".join(map(str, r.get("loss_step4", []))),
+                 "last step's loss (uninterrupted / resumed)": lambda r: " / ".join(map(str, r.get("loss_last", []))),
                  "seconds": lambda r: r["seconds"]})
 
 
