@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the suite's harness and recipe helpers (--paper builds the smoke command with them)
 HARNESS = ROOT / "trainers_tests" / "distributed" / "harness.py"
 BIN = Path(sys.executable).parent
 TIMING = {"step_time", "train_runtime", "train_samples_per_second", "train_steps_per_second",
@@ -312,9 +313,17 @@ def moved_tensors(saved: Path) -> tuple[int, int, float]:
     return sum(c > 0 for c in changes), len(changes), max(changes)
 
 
+def paper_recipe(method: str) -> Path:
+    return ROOT / "configs" / method / f"{PAPER_RECIPE[method]}.yaml"
+
+
+def saved(text: str) -> bool:
+    """An example script's run reached its end (its last line)."""
+    return "model saved to" in text
+
+
 def smoke_flags(recipe: Path) -> dict[str, str]:
     """The ``--flag value`` pairs of a recipe's ``# smoke:`` command (the last value of each)."""
-    sys.path.insert(0, str(ROOT))
     from trainers_tests.examples.test_recipe_start import smoke_argv
 
     argv = smoke_argv(recipe)
@@ -328,10 +337,9 @@ def paper_command(method: str, backend: str, port: int, tmp: Path, flags: list[s
     ``flags``. Returns the command and its environment (presample cache under ``tmp``)."""
     import yaml
 
-    sys.path.insert(0, str(ROOT))  # the smoke command's CPU stand-ins, as the suite's recipe test makes them
-    from trainers_tests.examples.test_recipe_start import cpu_smoke_argv
+    from trainers_tests.examples.test_recipe_start import cpu_smoke_argv  # the suite's CPU stand-ins
 
-    recipe = ROOT / "configs" / method / f"{PAPER_RECIPE[method]}.yaml"
+    recipe = paper_recipe(method)
     own = yaml.safe_load(recipe.read_text())
     precision = ["--bf16", str(own.get("bf16", False)).lower(), "--dtype", str(own.get("dtype", "float32")),
                  "--gradient_checkpointing", str(own.get("gradient_checkpointing", False)).lower()]
@@ -361,10 +369,10 @@ def check_paper_resume(args, out: Path) -> None:
     work.mkdir(parents=True, exist_ok=True)
     rows, port = [], 29950
     for method in args.trainers:
-        own = yaml.safe_load((ROOT / "configs" / method / f"{PAPER_RECIPE[method]}.yaml").read_text())
+        own = yaml.safe_load(paper_recipe(method).read_text())
         # two rollout batches of the smoke command's (its per_device_train_batch_size on 2 processes); DPH-RL's offline
         # pass moves some of them to D_pef, so it gets twice as many and 6 steps
-        smoke = smoke_flags(ROOT / "configs" / method / f"{PAPER_RECIPE[method]}.yaml")
+        smoke = smoke_flags(paper_recipe(method))
         per_step = max(1, 2 * int(smoke["--per_device_train_batch_size"]) // own["num_generations"])
         prompts, steps = (4 * per_step, 6) if method == "dph" else (2 * per_step, 4)
         for backend in ["multi_cpu", *args.backends]:
@@ -376,7 +384,7 @@ def check_paper_resume(args, out: Path) -> None:
                 cmd, env = paper_command(method, backend, port, Path(tmp), [
                     *common, "--output_dir", str(first), "--save_strategy", "steps", "--save_steps", "1"])
                 log_first = work / f"paper-resume-{method}-{backend}-first.log"
-                ok, error = run(cmd, env, log_first, timeout=900, cwd=ROOT, finished=lambda t: "model saved to" in t)
+                ok, error = run(cmd, env, log_first, timeout=900, cwd=ROOT, finished=saved)
                 inside = None
                 if ok:  # the first checkpoint inside the second epoch (1 < epoch < 2)
                     epochs = {n: json.loads((first / f"checkpoint-{n}" / "trainer_state.json").read_text())["epoch"]
@@ -390,7 +398,7 @@ def check_paper_resume(args, out: Path) -> None:
                         str(first / f"checkpoint-{inside}")])
                     log_resumed = work / f"paper-resume-{method}-{backend}-resumed.log"
                     ok, error = run(cmd, env, log_resumed, timeout=900, cwd=ROOT,
-                                    finished=lambda t: "model saved to" in t)
+                                    finished=saved)
                 row = {"trainer": method, "backend": "ddp" if backend == "multi_cpu" else backend, "resumed": ok,
                        "prompts": prompts, "seconds": round(time.time() - start), "error": error}
                 if ok:
@@ -427,7 +435,7 @@ def check_paper_recipes(args, out: Path) -> None:
     work.mkdir(parents=True, exist_ok=True)
     rows, port = [], 29900
     for method in args.trainers:
-        recipe = ROOT / "configs" / method / f"{PAPER_RECIPE[method]}.yaml"
+        recipe = paper_recipe(method)
         for backend in ["multi_cpu", *args.backends]:
             port += 1
             name = f"paper-{method}-{backend}" + ("-extra" if args.extra else "")
@@ -438,8 +446,7 @@ def check_paper_recipes(args, out: Path) -> None:
                     "--output_dir", str(run_dir), *shlex.split(args.extra)])
                 start = time.time()
                 log = work / f"{name}.log"
-                ok, error = run(cmd, env, log, timeout=900, cwd=ROOT,
-                                finished=lambda text: "model saved to" in text)
+                ok, error = run(cmd, env, log, timeout=900, cwd=ROOT, finished=saved)
                 row = {"trainer": method, "backend": "ddp" if backend == "multi_cpu" else backend, "ran": ok,
                        "recipe": f"configs/{method}/{recipe.name}", "seconds": round(time.time() - start),
                        "error": error}

@@ -280,18 +280,19 @@ class CheckpointStateMixin:
         self._load_extra_state(record.get("algorithm_state", {}))
 
 
-def inside_a_rollout(step: int, args) -> bool:
-    """Whether optimizer step ``step`` ends inside a rollout: GRPOTrainer generates once every
-    ``steps_per_generation x num_iterations`` micro-steps and keeps that rollout in memory only (not in checkpoints),
-    so a run resumed after such a step generates it again, with other completions than the uninterrupted run."""
-    every = args.steps_per_generation * args.num_iterations
-    return (step * args.gradient_accumulation_steps) % every != 0
-
-
 def rollout_steps(args) -> int:
-    """The smallest number of optimizer steps that always ends on a rollout boundary."""
+    """The smallest number of optimizer steps that always ends on a rollout boundary: GRPOTrainer generates once
+    every ``steps_per_generation x num_iterations`` micro-steps, ``gradient_accumulation_steps`` to an optimizer
+    step."""
     every = args.steps_per_generation * args.num_iterations
     return every // math.gcd(every, args.gradient_accumulation_steps)
+
+
+def inside_a_rollout(step: int, args) -> bool:
+    """Whether optimizer step ``step`` ends inside a rollout. GRPOTrainer keeps a rollout in memory only (not in
+    checkpoints), so a run resumed after such a step generates it again, with other completions than the
+    uninterrupted run."""
+    return step % rollout_steps(args) != 0
 
 
 def warn_checkpoints_inside_rollouts(args, trainer_name: str) -> None:

@@ -135,6 +135,20 @@ def _requested_dtype(model: str, dtype):
     return getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
 
 
+def _dtype_key(kwargs: dict) -> str:
+    """The ``model_init_kwargs`` key that names the load dtype (``torch_dtype`` only where it alone is given)."""
+    return "dtype" if "dtype" in kwargs or "torch_dtype" not in kwargs else "torch_dtype"
+
+
+def _policy_low_dtype(model, args):
+    """The bf16/fp16 dtype the policy would be held in (a path: the dtype of its ``model_init_kwargs``, TRL's float32
+    when none is given; an object: its trainable parameters'), or None."""
+    if not isinstance(model, str):
+        return _trainable_low_dtype(model)
+    kwargs = args.model_init_kwargs or {}
+    return _low_dtype(_requested_dtype(model, kwargs.get(_dtype_key(kwargs))))
+
+
 def check_master_weights(model, args, trainer_name: str, peft_config=None) -> None:
     """Apply ``args.low_precision_weights`` before the model loads (``model`` a path: its ``model_init_kwargs``
     ``dtype``) or before training starts (``model`` an object). ``"upcast"`` rewrites ``args.model_init_kwargs`` so
@@ -145,10 +159,7 @@ def check_master_weights(model, args, trainer_name: str, peft_config=None) -> No
     mode = getattr(args, "low_precision_weights", "upcast")
     if mode == "allow" or peft_config is not None or isinstance(model, PeftModel) or has_master_weights(args):
         return
-    kwargs = dict(args.model_init_kwargs or {})
-    key = "dtype" if "dtype" in kwargs or "torch_dtype" not in kwargs else "torch_dtype"
-    low = _low_dtype(_requested_dtype(model, kwargs.get(key))) if isinstance(model, str) else \
-        _trainable_low_dtype(model)
+    low = _policy_low_dtype(model, args)
     if low is None:
         return
     name = str(low).removeprefix("torch.")
@@ -157,7 +168,8 @@ def check_master_weights(model, args, trainer_name: str, peft_config=None) -> No
            f"{name}'s resolution and vanish, so the weights barely move")
     compute = mixed_precision(args)
     if isinstance(model, str) and mode == "upcast":
-        kwargs[key] = "float32"
+        kwargs = dict(args.model_init_kwargs or {})
+        kwargs[_dtype_key(kwargs)] = "float32"
         args.model_init_kwargs = kwargs
         if int(os.environ.get("RANK", "0")) == 0:
             print(f"{trainer_name}: loading {model} in float32 instead of {name} ({why}); "
@@ -188,9 +200,7 @@ def check_fsdp_lm_head_cast(model, args, trainer_name: str, peft_config=None) ->
 
     if peft_config is not None or isinstance(model, PeftModel):
         return  # no reference model: the adapters are turned off instead
-    kwargs = args.model_init_kwargs or {}  # TRL loads a path in float32 unless told otherwise
-    low = (_low_dtype(_requested_dtype(model, kwargs.get("dtype", kwargs.get("torch_dtype"))))
-           if isinstance(model, str) else _trainable_low_dtype(model))
+    low = _policy_low_dtype(model, args)
     if low is None:
         return
     name = str(low).removeprefix("torch.")
