@@ -353,12 +353,20 @@ def paper_command(method: str, backend: str, port: int, tmp: Path, flags: list[s
     return cmd, env
 
 
+def extra_names(stem: str, flag: str, extra: str) -> tuple[str, str]:
+    """The result file's stem and the command's flags with ``--extra`` (``paper`` -> ``paper_<flags>``)."""
+    if not extra:
+        return stem, flag
+    return stem + "_" + re.sub(r"[^a-z0-9]+", "_", extra.lower()).strip("_"), f"{flag} --extra={shlex.quote(extra)}"
+
+
 def check_paper_resume(args, out: Path) -> None:
     """``--paper --resume``: each paper recipe in its own precision (:func:`paper_command`) under DDP and each backend,
     on a dataset of two rollout batches (an epoch is 2 steps), 4 steps with a checkpoint every step; then new processes
     resume from the first checkpoint inside the second epoch (a row fails without one), and their final weights and
     step-4 loss are set against the uninterrupted run's. (The float32 ``--resume`` runs stay inside the first
-    epoch.)"""
+    epoch.) ``--extra`` adds flags to both runs: ``--extra="--steps_per_generation 2"`` makes a rollout 2 steps, so
+    the checkpoint is inside a rollout as well (each process's ``rollout_<i>.pt``)."""
     import tempfile
 
     import torch  # noqa: F401  (safetensors.torch needs it)
@@ -378,7 +386,8 @@ def check_paper_resume(args, out: Path) -> None:
         for backend in ["multi_cpu", *args.backends]:
             with tempfile.TemporaryDirectory() as tmp:
                 first, resumed = Path(tmp) / "first", Path(tmp) / "resumed"
-                common = ["--max_steps", str(steps), "--dataset_train_split", f"train[:{prompts}]"]
+                common = ["--max_steps", str(steps), "--dataset_train_split", f"train[:{prompts}]",
+                          *shlex.split(args.extra)]
                 start = time.time()
                 port += 2
                 cmd, env = paper_command(method, backend, port, Path(tmp), [
@@ -407,16 +416,21 @@ def check_paper_resume(args, out: Path) -> None:
                     steps_a, steps_b = _logged_steps(log_first.read_text()), _logged_steps(log_resumed.read_text())
                     row["loss_last"] = [steps_a[-1]["loss"], steps_b[-1]["loss"]] if steps_a and steps_b else []
                     row["checkpoint"], row["epoch_at_checkpoint"] = inside, epochs[inside]
+                    row["rollouts_in_checkpoint"] = len(list((first / f"checkpoint-{inside}").glob("rollout_*.pt")))
             rows.append(row)
             print(json.dumps(row), flush=True)
-    rows = merged(out / "paper_resume.json", rows)
-    write_table(out / "paper_resume.md", "Each paper recipe in bf16 resumed inside its second epoch, 2 CPU processes",
-                "--paper --resume", "A dataset of two rollout batches (an epoch is 2 steps), 4 steps (DPH-RL: four "
+    stem, flag = extra_names("paper_resume", "--paper --resume", args.extra)
+    rows = merged(out / f"{stem}.json", rows)
+    write_table(out / f"{stem}.md", "Each paper recipe in bf16 resumed inside its second epoch, 2 CPU processes"
+                + (f", with {args.extra}" if args.extra else ""), flag,
+                "A dataset of two batches of prompts per optimizer step (an epoch is 2 steps), 4 steps (DPH-RL: four "
                 "batches before its split, 6 steps), a checkpoint every step; new processes resume from the first "
-                "checkpoint inside the second epoch and end with the run.", rows,
+                "checkpoint inside the second epoch and end with the run. 'Rollouts in the checkpoint': how many "
+                "processes saved the rollout they were inside (0 where the checkpoint falls between rollouts).", rows,
                 {"resumed": lambda r: "yes" if r["resumed"] else "no",
                  "resumed from (its epoch)": lambda r: (f"checkpoint-{r['checkpoint']} ({r['epoch_at_checkpoint']})"
                                                         if "checkpoint" in r else ""),
+                 "rollouts in the checkpoint": lambda r: r.get("rollouts_in_checkpoint", ""),
                  "max parameter diff to the uninterrupted run": param_cell,
                  "last step's loss (uninterrupted / resumed)": lambda r: " / ".join(map(str, r.get("loss_last", []))),
                  "seconds": lambda r: r["seconds"]})
@@ -461,8 +475,7 @@ def check_paper_recipes(args, out: Path) -> None:
                     row["moved"], row["tensors"], row["max_change"] = moved_tensors(run_dir / "model.safetensors")
             rows.append(row)
             print(json.dumps(row), flush=True)
-    stem = "paper" + ("_" + re.sub(r"[^a-z0-9]+", "_", args.extra.lower()).strip("_") if args.extra else "")
-    flag = "--paper" + (f" --extra={shlex.quote(args.extra)}" if args.extra else "")
+    stem, flag = extra_names("paper", "--paper", args.extra)
     rows = merged(out / f"{stem}.json", rows)
     write_table(out / f"{stem}.md", "Each method's paper recipe in bf16 under each backend, 2 CPU processes"
                 + (f", with {args.extra}" if args.extra else ""), flag,
@@ -504,7 +517,8 @@ def main() -> None:
                         help="instead: each method's paper recipe in bf16 (its smoke command, the tiny model), under "
                              "DDP and each backend with bf16 mixed precision (results/distributed/paper.md)")
     parser.add_argument("--extra", default="", help="--paper: more flags for every run (written to "
-                                                     "paper_<flags>.md), e.g. --extra=\"--cast_lm_head_to_fp32 true\"")
+                                                     "paper_<flags>.md or paper_resume_<flags>.md), e.g. "
+                                                     "--extra=\"--cast_lm_head_to_fp32 true\"")
     parser.add_argument("--out", default=str(ROOT / "results" / "distributed"))
     args = parser.parse_args()
     out = Path(args.out)

@@ -18,6 +18,10 @@ run yet). Such a checkpoint is *incomplete*: ``resume_from_checkpoint=True`` ski
 ``_incomplete-checkpoint-N`` so that later rotations and Hub uploads ignore it) and resumes from the last complete
 one; an explicit path to it is refused, naming the file.
 
+A checkpoint saved inside a rollout also holds, per process, the rollout's micro-batches still to train
+(``rollout_<process>.pt``, :func:`save_rollout`), written from the callback's ``on_step_end`` before transformers writes
+the checkpoint; a resume puts them back (:func:`load_rollout`).
+
 Restoring: transformers restores callback states only with ``restore_callback_states_from_checkpoint=True`` (default
 False), and then by re-creating the callback from stored ``args`` / ``attributes``, without the trainer. The record
 must be checked and restored on every resume and before any weights are loaded, so :meth:`CheckpointStateMixin.train`
@@ -43,6 +47,8 @@ from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_callback import ExportableState
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOConfig
+
+from ._validation import check_trained_a_step
 
 RECORD_FORMAT = 1
 INCOMPLETE_PREFIX = "_incomplete-"  # leading "_": excluded from Hub uploads, and not a "checkpoint-*" folder
@@ -101,6 +107,18 @@ class TrlVariantsCheckpoint(TrainerCallback, ExportableState):
         trainer = self.trainer
         return {"format": RECORD_FORMAT, "trainer": type(trainer).__name__, "config": resume_fields(trainer.args),
                 "algorithm_state": trainer._extra_state()}
+
+    def on_step_end(self, args, state, control, **kwargs):
+        """The rollout in memory goes into the checkpoint about to be saved (before transformers writes it, so an
+        interrupted save leaves it incomplete as a whole, and a Hub upload carries it)."""
+        if control.should_save:
+            self.trainer._save_rollout(args, state.global_step)
+
+    on_epoch_end = on_step_end
+
+    def on_save(self, args, state, control, **kwargs):
+        """A save decided after ``on_step_end`` (``save_strategy="best"``, another callback): written now."""
+        self.trainer._save_rollout(args, state.global_step)
 
     def on_epoch_begin(self, args, state, control, **kwargs):
         """The train sampler's order for this epoch (:class:`ReplayableEpochs`), set on the sampler the training
@@ -230,11 +248,26 @@ class CheckpointStateMixin:
             check_checkpoint_record(resume, type(self).__name__, config)
         super().__init__(*args, **kwargs)
         self.add_callback(TrlVariantsCheckpoint(self))
-        if self.args.process_index == 0:
-            warn_checkpoints_inside_rollouts(self.args, type(self).__name__)
 
     def _extra_state(self) -> dict:
         return {}
+
+    # ------------------------------------------------------------------------------------ the rollout in memory ---
+    def _save_rollout(self, args, step: int) -> None:
+        """This process's rollout into ``checkpoint-<step>`` (:func:`save_rollout`), once per checkpoint."""
+        if args.save_only_model or getattr(self, "_rollout_saved_at", None) == step:
+            return  # a model-only checkpoint does not resume (no optimizer, no RNG)
+        self._rollout_saved_at = step
+        save_rollout(self, os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{step}"), args.process_index)
+
+    def _restore_rollout(self, checkpoint: str) -> None:
+        """The rollout a checkpoint inside a rollout holds for this process, back in memory (:func:`load_rollout`);
+        said when such a checkpoint has none."""
+        saved = load_rollout(checkpoint, self.args.process_index, self.accelerator.device)
+        if saved is not None:
+            self._step, self._buffered_inputs = saved
+        else:
+            warn_resume_inside_a_rollout(checkpoint, self.args, type(self).__name__)
 
     def _load_extra_state(self, state: dict) -> None:
         if state:
@@ -243,20 +276,24 @@ class CheckpointStateMixin:
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
         """``Trainer.train``, after checking that the checkpoint to resume is complete, was written by this trainer
         with the same :func:`resume_fields`, and restoring its algorithm state. ``resume_from_checkpoint`` as
-        :func:`resume_target` reads it (``True`` / ``"true"`` / ``"last"``: the last complete checkpoint)."""
-        resume_from_checkpoint = resume_target(resume_from_checkpoint)
+        :func:`resume_target` reads it (``True`` / ``"true"`` / ``"last"``: the last complete checkpoint). A run that
+        should have trained and ran no step is an error (:func:`~trl_variants._validation.check_trained_a_step`)."""
+        resume_from_checkpoint, start_step = resume_target(resume_from_checkpoint), 0
         if resume_from_checkpoint is not None:
             if resume_from_checkpoint is True:
                 resume_from_checkpoint = self._last_complete_checkpoint()
             self._restore_record(resume_from_checkpoint)
             if self.args.process_index == 0:
                 print(resume_line(type(self).__name__, resume_from_checkpoint, self.args.max_steps))
-                warn_resume_inside_a_rollout(resume_from_checkpoint, self.args, type(self).__name__)
+            self._restore_rollout(resume_from_checkpoint)
+            start_step = TrainerState.load_from_json(os.path.join(resume_from_checkpoint, TRAINER_STATE_NAME)).global_step
         token = _TRAINING.set(self)
         try:
-            return super().train(resume_from_checkpoint, *args, **kwargs)
+            output = super().train(resume_from_checkpoint, *args, **kwargs)
         finally:
             _TRAINING.reset(token)
+        check_trained_a_step(self, start_step)
+        return output
 
     # ------------------------------------------------------------------------------------------------ resume ---
     def _last_complete_checkpoint(self) -> str:
@@ -289,26 +326,64 @@ def rollout_steps(args) -> int:
 
 
 def inside_a_rollout(step: int, args) -> bool:
-    """Whether optimizer step ``step`` ends inside a rollout. GRPOTrainer keeps a rollout in memory only (not in
-    checkpoints), so a run resumed after such a step generates it again, with other completions than the
-    uninterrupted run."""
+    """Whether optimizer step ``step`` ends inside a rollout: the rollout's later micro-batches are still to train,
+    and a checkpoint saved there holds them (:func:`save_rollout`)."""
     return step % rollout_steps(args) != 0
 
 
-def warn_checkpoints_inside_rollouts(args, trainer_name: str) -> None:
-    """``save_steps`` that put checkpoints inside rollouts: a resume from one is not the uninterrupted run."""
-    if str(getattr(args.save_strategy, "value", args.save_strategy)) != "steps" or args.save_steps < 1 \
-            or args.save_steps != int(args.save_steps):  # a fraction of the run: resolved by transformers later
+ROLLOUT_FORMAT = 1
+
+
+def rollout_file(checkpoint: str, process_index: int) -> str:
+    """Where process ``process_index`` keeps its rollout in ``checkpoint`` (beside transformers' per-process
+    ``rng_state_<i>.pth``)."""
+    return os.path.join(checkpoint, f"rollout_{process_index}.pt")
+
+
+def _moved(value, device):
+    """``value`` (tensors in dicts, lists and tuples) with every tensor on ``device``."""
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, dict):
+        return {k: _moved(v, device) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_moved(v, device) for v in value)
+    return value
+
+
+def save_rollout(trainer, checkpoint: str, process_index: int) -> None:
+    """Writes this process's rollout in memory into ``checkpoint`` when it is saved inside a rollout.
+
+    GRPOTrainer generates once every ``steps_per_generation x num_iterations`` micro-steps and trains the micro-batches
+    of that rollout from memory (``_buffered_inputs``, indexed by its micro-step counter ``_step``). transformers'
+    checkpoint does not hold them, so a run resumed inside a rollout generated it again: other completions, other
+    weights than the uninterrupted run. The file holds both (tensors on the CPU); a checkpoint between rollouts needs
+    neither, and a stale file of an earlier run in the same folder is removed. Written atomically (a temporary file
+    renamed), every process its own."""
+    path = rollout_file(checkpoint, process_index)
+    every = trainer.args.steps_per_generation * trainer.num_iterations
+    if trainer._buffered_inputs is None or trainer._step % every == 0:
+        if os.path.exists(path):
+            os.remove(path)
         return
-    if inside_a_rollout(int(args.save_steps), args):
-        k = rollout_steps(args)
-        warnings.warn(
-            f"{trainer_name}: save_steps={int(args.save_steps)} puts checkpoints inside rollouts (one rollout every "
-            f"steps_per_generation x num_iterations = {args.steps_per_generation * args.num_iterations} micro-steps, "
-            f"gradient_accumulation_steps={args.gradient_accumulation_steps}): GRPOTrainer keeps a rollout in memory "
-            "only, so a run resumed from such a checkpoint generates that rollout again and trains on other "
-            f"completions than the uninterrupted run. Set save_steps to a multiple of {k} for checkpoints that resume "
-            "exactly", stacklevel=3)
+    os.makedirs(checkpoint, exist_ok=True)
+    payload = {"format": ROLLOUT_FORMAT, "step": trainer._step,
+               "buffered_inputs": _moved(trainer._buffered_inputs, "cpu")}
+    torch.save(payload, path + ".tmp")
+    os.replace(path + ".tmp", path)
+
+
+def load_rollout(checkpoint: str, process_index: int, device) -> tuple[int, list] | None:
+    """``(micro-step, rollout)`` as :func:`save_rollout` wrote them for this process, tensors on ``device``; None when
+    the checkpoint holds none (saved between rollouts, or by a trl_variants before this file existed)."""
+    path = rollout_file(checkpoint, process_index)
+    if not os.path.isfile(path):
+        return None
+    saved = torch.load(path, map_location="cpu", weights_only=True)
+    if saved.get("format", ROLLOUT_FORMAT) > ROLLOUT_FORMAT:
+        raise ValueError(f"{path} was written by a newer trl_variants (rollout format {saved['format']}, this version "
+                         f"reads {ROLLOUT_FORMAT}): resume it with that version")
+    return saved["step"], _moved(saved["buffered_inputs"], device)
 
 
 def resume_line(trainer_name: str, checkpoint: str, max_steps: int) -> str:
@@ -319,13 +394,15 @@ def resume_line(trainer_name: str, checkpoint: str, max_steps: int) -> str:
 
 
 def warn_resume_inside_a_rollout(checkpoint: str, args, trainer_name: str) -> None:
-    """A resume from a checkpoint taken inside a rollout (:func:`inside_a_rollout`), said before training goes on."""
+    """A checkpoint saved inside a rollout without the rollout (:func:`save_rollout`: an older trl_variants, or a
+    file lost), said before training goes on: that rollout is generated again."""
     step = TrainerState.load_from_json(os.path.join(checkpoint, TRAINER_STATE_NAME)).global_step
     if inside_a_rollout(step, args):
         k = rollout_steps(args)
         warnings.warn(
             f"{trainer_name}: {checkpoint} was saved after step {step}, inside a rollout (rollouts end on multiples of "
-            f"{k} optimizer steps): its completions are not in the checkpoint, so this run generates that rollout "
+            f"{k} optimizer steps), and holds no {os.path.basename(rollout_file(checkpoint, args.process_index))} "
+            "with that rollout (written before trl_variants kept rollouts in checkpoints, or removed): this run generates the rollout "
             f"again and its steps up to {(step // k + 1) * k} train on other completions than the uninterrupted run. "
             f"For an exact resume use a checkpoint at a multiple of {k} (e.g. checkpoint-{step // k * k})",
             stacklevel=3)

@@ -261,6 +261,27 @@ def check_one_rollout_batch(dataset, args, trainer_name: str, when: str = "") ->
         "of processes unless --keep_recipe_batch false)")
 
 
+def check_trained_a_step(trainer, start_step: int) -> None:
+    """After ``train()``: a run that should have trained (``max_steps`` past ``start_step``, the step it started or
+    resumed at) and ran no step is an error, not transformers' warning ("not a single sample in your
+    epoch_iterator") followed by a saved untouched model. What gets here is a stream (``IterableDataset``) smaller
+    than one rollout batch: a map-style dataset is refused before the model loads (:func:`check_one_rollout_batch`)."""
+    state, args = trainer.state, trainer.args
+    if state.global_step > start_step or state.max_steps <= start_step:
+        return
+    prompts = args.generation_batch_size // args.num_generations
+    stream = not hasattr(trainer.train_dataset, "__len__")
+    raise ValueError(
+        f"{type(trainer).__name__}: training ran 0 steps (from step {start_step} to max_steps {state.max_steps}): "
+        f"the train_dataset gave no whole rollout batch of {prompts} prompts (generation_batch_size "
+        f"{args.generation_batch_size} / num_generations {args.num_generations}; TRL drops a partial batch)"
+        + (", and a stream's length is unknown until it is read, so this could not be refused before training"
+           if stream else "")
+        + ". The model was not trained. Use more prompts, or a smaller rollout batch: lower "
+        "per_device_train_batch_size or steps_per_generation (or generation_batch_size where you set it), or run on "
+        "fewer processes")
+
+
 # ------------------------------------------------------------------------------------------ reward columns ---
 _TRL_REWARD_KWARGS = {"prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric",
                       "environments", "kwargs"}

@@ -125,16 +125,17 @@ def test_interrupted_save_leaves_a_resumable_last_checkpoint(tmp_path, monkeypat
 
 
 # ----------------------------------------------------------------- (d) every trainer's checkpoint, identity ---
-def _trainer(name: str, out: Path, **kw):
-    args, rows = dict(SAVE, output_dir=str(out), max_steps=1, **kw), 32
+def _trainer(name: str, out: Path, reward_funcs=accuracy_reward, **kw):
+    args, rows = dict(SAVE, output_dir=str(out), max_steps=1), 32
     if name == "dph":
         args.update(num_presamples=4, pef_threshold=4, max_completion_length=40, presample_cache_dir=str(out / "c"))
         rows = 24
     if name == "apo":
         args.update(num_generations=1, num_value_samples=2, presample_cache_dir=str(out / "c"))
         rows = 8
+    args.update(kw)
     trainer_cls, config_cls = method_classes(name)
-    return trainer_cls(model=DEFAULT_MODEL_PATH, reward_funcs=accuracy_reward,
+    return trainer_cls(model=DEFAULT_MODEL_PATH, reward_funcs=reward_funcs,
                        args=small_config(config_cls, out, **args), train_dataset=train_dataset(rows))
 
 
@@ -386,7 +387,8 @@ def text_reward(completions, **kwargs):  # test_checkpoints.text_reward: the pol
 def erpo(out):
     args = ERPOConfig(output_dir=out, use_cpu=True, bf16=False, gradient_checkpointing=False, report_to="none",
                       disable_tqdm=True, save_strategy="steps", save_steps=1, per_device_train_batch_size=2,
-                      num_generations=2, max_completion_length=8, learning_rate=1e-3, seed=0, max_steps=4)
+                      num_generations=2, max_completion_length=8, learning_rate=1e-3, seed=0, max_steps=4,
+                      steps_per_generation={steps_per_generation})
     return ERPOTrainer(model=DEFAULT_MODEL_PATH, reward_funcs=text_reward, args=args,
                        train_dataset=load_default_dataset(4, 4)["train"])
 
@@ -395,6 +397,10 @@ whole = erpo({out!r} + "/whole")
 whole.train()
 resumed = erpo({out!r} + "/resumed")
 resumed.train(resume_from_checkpoint={out!r} + "/whole/checkpoint-3")  # inside epoch 1 (an epoch is 2 steps)
+# with steps_per_generation=2 also inside a rollout: each process restores its own (rollout_0.pt, rollout_1.pt)
+import os
+assert os.path.exists({out!r} + f"/whole/checkpoint-3/rollout_{{whole.args.process_index}}.pt") == (
+    {steps_per_generation} == 2)
 for (name, a), b in zip(whole.model.named_parameters(), resumed.model.parameters(), strict=True):
     assert torch.equal(a, b), name
 print("OK")
@@ -402,34 +408,73 @@ print("OK")
 
 
 @pytest.mark.slow
-def test_two_processes_resume_inside_the_second_epoch(tmp_path):
+@pytest.mark.parametrize("steps_per_generation", [1, 2], ids=["between-rollouts", "inside-a-rollout"])
+def test_two_processes_resume_inside_the_second_epoch(tmp_path, steps_per_generation):
     """On several processes a mid-epoch resume wraps the sampler four deep (SkipBatchSampler > BatchSamplerShard >
-    BatchSampler), where Accelerate's set_epoch does not reach it: the epoch is set from on_epoch_begin."""
+    BatchSampler), where Accelerate's set_epoch does not reach it: the epoch is set from on_epoch_begin. With
+    steps_per_generation=2 one rollout is an epoch (4 prompts), and checkpoint-3 is inside both: each process brings
+    back the micro-batches of its own rollout."""
     script = tmp_path / "two_ranks.py"
-    script.write_text(TWO_RANKS_EPOCHS.format(out=str(tmp_path)))
-    run_two_ranks(script, 29567, timeout=400)
+    script.write_text(TWO_RANKS_EPOCHS.format(out=str(tmp_path), steps_per_generation=steps_per_generation))
+    run_two_ranks(script, 29567 + steps_per_generation, timeout=400)
 
 
-def test_a_checkpoint_inside_a_rollout_is_said_and_one_between_rollouts_resumes_exactly(tmp_path):
-    """GRPOTrainer keeps a rollout in memory only: with steps_per_generation=2 two optimizer steps share one, and a run
-    resumed after step 3 generates steps 3-4's rollout again (other completions, other weights). Said when save_steps
-    puts checkpoints there and when such a checkpoint is resumed; a checkpoint between rollouts resumes exactly."""
+def _logged_steps(trainer) -> list[dict]:
+    """Every step's logged numbers (the checkpoint's log history comes back with it; the offline pass runs again in a
+    resumed run and adds its numbers to its first log, and step_time is a wall-clock time)."""
+    return [{k: v for k, v in h.items() if k != "step_time" and not k.startswith("offline_pass/")}
+            for h in trainer.state.log_history if "loss" in h]
+
+
+def _assert_same_run(whole, resumed) -> None:
+    assert resumed.state.global_step == whole.state.global_step
+    for (name, a), b in zip(whole.model.named_parameters(), resumed.model.parameters(), strict=True):
+        assert torch.equal(a, b), name
+    assert _logged_steps(resumed) == _logged_steps(whole)
+
+
+def test_a_checkpoint_inside_a_rollout_resumes_exactly_and_one_without_its_rollout_is_said(tmp_path):
+    """GRPOTrainer trains a rollout's micro-batches from memory: with steps_per_generation=2 two optimizer steps share
+    one rollout, and a run resumed after step 3 generated steps 3-4's rollout again (other completions, other weights).
+    Each process's rollout is now in the checkpoint (rollout_<i>.pt, only where a rollout is unfinished): resumed
+    there, the same weights bit for bit and the same logged numbers. Without that file (a checkpoint of an earlier
+    version) the resume is said, and it ends elsewhere (which shows that this test sees the difference)."""
     def erpo(out):
         trainer_cls, config_cls = method_classes("erpo")
         args = small_config(config_cls, out, **dict(SAVE, num_generations=2, max_steps=4, steps_per_generation=2))
         return trainer_cls(model=DEFAULT_MODEL_PATH, reward_funcs=text_reward, args=args,
                            train_dataset=train_dataset(16))
 
-    with pytest.warns(UserWarning, match=r"save_steps=1 puts checkpoints inside rollouts.*multiple of 2"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # save_steps=1 is not warned about any more
         whole = erpo(tmp_path / "whole")
     whole.train()
-    with pytest.warns(UserWarning, match=r"checkpoint-3 was saved after step 3, inside a rollout.*steps up to 4 .*"
-                                         r"checkpoint-2"):
-        erpo(tmp_path / "inside").train(resume_from_checkpoint=str(tmp_path / "whole" / "checkpoint-3"))
-    between = erpo(tmp_path / "between")
-    with warnings.catch_warnings(record=True) as said:
-        warnings.simplefilter("always")
-        between.train(resume_from_checkpoint=str(tmp_path / "whole" / "checkpoint-2"))
-    assert not [w for w in said if "inside a rollout" in str(w.message)]
-    for (name, a), b in zip(whole.model.named_parameters(), between.model.parameters(), strict=True):
-        assert torch.equal(a, b), name
+    saved = {n: (tmp_path / "whole" / f"checkpoint-{n}" / "rollout_0.pt").exists() for n in (1, 2, 3, 4)}
+    assert saved == {1: True, 2: False, 3: True, 4: False}
+    for n in (2, 3):
+        resumed = erpo(tmp_path / f"resumed-{n}")
+        resumed.train(resume_from_checkpoint=str(tmp_path / "whole" / f"checkpoint-{n}"))
+        _assert_same_run(whole, resumed)
+    old = tmp_path / "old" / "checkpoint-3"
+    shutil.copytree(tmp_path / "whole" / "checkpoint-3", old)
+    (old / "rollout_0.pt").unlink()
+    regenerated = erpo(tmp_path / "regenerated")
+    with pytest.warns(UserWarning, match=r"checkpoint-3 was saved after step 3, inside a rollout .*holds no "
+                                         r"rollout_0\.pt.*steps up to 4 .*checkpoint-2"):
+        regenerated.train(resume_from_checkpoint=str(old))
+    assert any(not torch.equal(a, b) for a, b in zip(whole.model.parameters(), regenerated.model.parameters(), strict=True))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["eepo", "dph", "apo", "composed"])
+def test_every_trainer_resumes_inside_a_rollout_exactly(tmp_path, name):
+    """What each trainer adds to a rollout (EEPO's two stages and gate, DPH-RL's reference log-probs, A*-PO's
+    values, the composed trainer's parts) is in the micro-batches GRPOTrainer buffers, so it comes back with them."""
+    kw = dict(max_steps=4, steps_per_generation=2, reward_funcs=text_reward,
+              **{"eepo": dict(entropy_gate="always", temperature=1.5), "dph": dict(pef_threshold=1)}.get(name, {}))
+    whole = _trainer(name, tmp_path / "whole", **kw)
+    whole.train()
+    assert (tmp_path / "whole" / "checkpoint-3" / "rollout_0.pt").exists()
+    resumed = _trainer(name, tmp_path / "resumed", **kw)
+    resumed.train(resume_from_checkpoint=str(tmp_path / "whole" / "checkpoint-3"))
+    _assert_same_run(whole, resumed)

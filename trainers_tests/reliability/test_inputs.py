@@ -197,6 +197,26 @@ def test_a_dataset_left_smaller_than_one_rollout_batch_is_refused_when_training_
 
 
 @pytest.mark.parametrize("trainer_cls,config_cls", TRAINERS, ids=IDS)
+def test_a_stream_smaller_than_one_rollout_batch_is_an_error_not_a_run_of_0_steps(trainer_cls, config_cls, tmp_path):
+    """A stream's length is unknown before it is read: one prompt against a rollout batch of 2 made no batch, and
+    transformers ended training at step 0 with a warning (an example then saved the untouched model)."""
+    from datasets import IterableDataset
+
+    args = _config(config_cls, tmp_path, max_steps=2)
+    prompts = args.generation_batch_size // args.num_generations
+    data = IterableDataset.from_generator(lambda: iter([{"prompt": "What is 2 + 3?", "solution": "5"}] * (prompts - 1)))
+    if trainer_cls.__name__ == "DPHTrainer":  # its offline pass reads the stream whole, and refuses it there
+        with pytest.raises(ValueError, match=r"D_exp has 1 prompts, fewer than one generation batch.*0 steps"):
+            trainer_cls(DEFAULT_MODEL_PATH, accuracy_reward, args=args, train_dataset=data)
+        return
+    trainer = trainer_cls(DEFAULT_MODEL_PATH, accuracy_reward, args=args, train_dataset=data)
+    with pytest.raises(ValueError, match=rf"{trainer_cls.__name__}: training ran 0 steps \(from step 0 to max_steps "
+                                         rf"2\): the train_dataset gave no whole rollout batch of {prompts} prompts.*"
+                                         r"a stream's length is unknown.*The model was not trained"):
+        trainer.train()
+
+
+@pytest.mark.parametrize("trainer_cls,config_cls", TRAINERS, ids=IDS)
 @pytest.mark.parametrize("empty,why", [
     ("", "empty string"), ("   ", "empty string"), ([], "no message"),
     ([{"role": "user", "content": ""}], "only empty message contents"),
