@@ -465,13 +465,19 @@ def test_a_checkpoint_inside_a_rollout_resumes_exactly_and_one_without_its_rollo
     assert any(not torch.equal(a, b) for a, b in zip(whole.model.parameters(), regenerated.model.parameters(), strict=True))
 
 
+ROLLOUT_CASES = {"eepo": dict(entropy_gate="always", temperature=1.5), "dph": dict(pef_threshold=1), "apo": {},
+                 "composed": {}, "composed-dapo": dict(parts=["erpo_query_weights", "dapo_dynamic_sampling"]),
+                 "erpo-num_iterations-2": dict(num_iterations=2)}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["eepo", "dph", "apo", "composed"])
-def test_every_trainer_resumes_inside_a_rollout_exactly(tmp_path, name):
+@pytest.mark.parametrize("case", list(ROLLOUT_CASES))
+def test_every_trainer_resumes_inside_a_rollout_exactly(tmp_path, case):
     """What each trainer adds to a rollout (EEPO's two stages and gate, DPH-RL's reference log-probs, A*-PO's
-    values, the composed trainer's parts) is in the micro-batches GRPOTrainer buffers, so it comes back with them."""
-    kw = dict(max_steps=4, steps_per_generation=2, reward_funcs=text_reward,
-              **{"eepo": dict(entropy_gate="always", temperature=1.5), "dph": dict(pef_threshold=1)}.get(name, {}))
+    values, the composed trainer's parts, DAPO's refills) is in the micro-batches GRPOTrainer buffers, so it comes
+    back with them; with num_iterations=2 a rollout is trained twice (4 steps), checkpoint-3 in its second pass."""
+    name = case.split("-")[0]
+    kw = dict(max_steps=4, steps_per_generation=2, reward_funcs=text_reward, **ROLLOUT_CASES[case])
     whole = _trainer(name, tmp_path / "whole", **kw)
     whole.train()
     assert (tmp_path / "whole" / "checkpoint-3" / "rollout_0.pt").exists()
