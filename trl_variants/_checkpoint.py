@@ -19,8 +19,8 @@ run yet). Such a checkpoint is *incomplete*: ``resume_from_checkpoint=True`` ski
 one; an explicit path to it is refused, naming the file.
 
 A checkpoint saved inside a rollout also holds, per process, the rollout's micro-batches still to train
-(``rollout_<process>.pt``, :func:`save_rollout`), written from the callback's ``on_step_end`` before transformers writes
-the checkpoint; a resume puts them back (:func:`load_rollout`).
+(``rollout_<process>.pt``, :func:`save_rollout`), written beside transformers' per-process RNG state and before
+``trainer_state.json``; a resume puts them back (:func:`load_rollout`).
 
 Restoring: transformers restores callback states only with ``restore_callback_states_from_checkpoint=True`` (default
 False), and then by re-creating the callback from stored ``args`` / ``attributes``, without the trainer. The record
@@ -107,18 +107,6 @@ class TrlVariantsCheckpoint(TrainerCallback, ExportableState):
         trainer = self.trainer
         return {"format": RECORD_FORMAT, "trainer": type(trainer).__name__, "config": resume_fields(trainer.args),
                 "algorithm_state": trainer._extra_state()}
-
-    def on_step_end(self, args, state, control, **kwargs):
-        """The rollout in memory goes into the checkpoint about to be saved (before transformers writes it, so an
-        interrupted save leaves it incomplete as a whole, and a Hub upload carries it)."""
-        if control.should_save:
-            self.trainer._save_rollout(args, state.global_step)
-
-    on_epoch_end = on_step_end
-
-    def on_save(self, args, state, control, **kwargs):
-        """A save decided after ``on_step_end`` (``save_strategy="best"``, another callback): written now."""
-        self.trainer._save_rollout(args, state.global_step)
 
     def on_epoch_begin(self, args, state, control, **kwargs):
         """The train sampler's order for this epoch (:class:`ReplayableEpochs`), set on the sampler the training
@@ -253,20 +241,28 @@ class CheckpointStateMixin:
         return {}
 
     # ------------------------------------------------------------------------------------ the rollout in memory ---
-    def _save_rollout(self, args, step: int) -> None:
-        """This process's rollout into ``checkpoint-<step>`` (:func:`save_rollout`), once per checkpoint."""
-        if args.save_only_model or getattr(self, "_rollout_saved_at", None) == step:
-            return  # a model-only checkpoint does not resume (no optimizer, no RNG)
-        self._rollout_saved_at = step
-        save_rollout(self, os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{step}"), args.process_index)
+    def _save_rng_state(self, output_dir: str) -> None:
+        """transformers saves each process's RNG state here, on every process, only in a checkpoint that can be resumed
+        (not with ``save_only_model``) and before ``trainer_state.json``; the rollout in memory goes beside it
+        (:func:`save_rollout`). The barrier: every process's file is written before process 0 writes
+        ``trainer_state.json``, the mark of a complete checkpoint."""
+        super()._save_rng_state(output_dir)
+        save_rollout(self, output_dir, self.args.process_index)
+        self.accelerator.wait_for_everyone()
 
     def _restore_rollout(self, checkpoint: str) -> None:
-        """The rollout a checkpoint inside a rollout holds for this process, back in memory (:func:`load_rollout`);
-        said when such a checkpoint has none."""
-        saved = load_rollout(checkpoint, self.args.process_index, self.accelerator.device)
-        if saved is not None:
-            self._step, self._buffered_inputs = saved
-        else:
+        """The rollout a checkpoint inside a rollout holds for each process, back in memory (:func:`load_rollout`).
+        Every process does the same: where one process has no file, none restores (each would otherwise generate or
+        not on its own, and the collective calls of generation would wait forever). Without a rollout the run
+        generates at its first step (any rollout of an earlier ``train()`` of this trainer is dropped), said when the
+        checkpoint is inside a rollout."""
+        step = TrainerState.load_from_json(os.path.join(checkpoint, TRAINER_STATE_NAME)).global_step
+        saved = load_rollout(checkpoint, self.args.process_index, self.accelerator.device, step)
+        if self.args.world_size > 1:
+            found = self.accelerator.gather(torch.tensor([saved is not None], device=self.accelerator.device))
+            saved = saved if bool(found.all()) else None
+        self._step, self._buffered_inputs = saved if saved is not None else (0, None)
+        if saved is None and self.args.process_index == 0:
             warn_resume_inside_a_rollout(checkpoint, self.args, type(self).__name__)
 
     def _load_extra_state(self, state: dict) -> None:
@@ -367,15 +363,17 @@ def save_rollout(trainer, checkpoint: str, process_index: int) -> None:
             os.remove(path)
         return
     os.makedirs(checkpoint, exist_ok=True)
-    payload = {"format": ROLLOUT_FORMAT, "step": trainer._step,
+    payload = {"format": ROLLOUT_FORMAT, "global_step": trainer.state.global_step, "step": trainer._step,
                "buffered_inputs": _moved(trainer._buffered_inputs, "cpu")}
     torch.save(payload, path + ".tmp")
     os.replace(path + ".tmp", path)
 
 
-def load_rollout(checkpoint: str, process_index: int, device) -> tuple[int, list] | None:
+def load_rollout(checkpoint: str, process_index: int, device, global_step: int) -> tuple[int, list] | None:
     """``(micro-step, rollout)`` as :func:`save_rollout` wrote them for this process, tensors on ``device``; None when
-    the checkpoint holds none (saved between rollouts, or by a trl_variants before this file existed)."""
+    the checkpoint holds none (saved between rollouts, or by a trl_variants before this file existed), and, with a
+    warning, when the file was saved at another step than the checkpoint's ``global_step`` (a file left in the folder
+    by another run)."""
     path = rollout_file(checkpoint, process_index)
     if not os.path.isfile(path):
         return None
@@ -383,6 +381,10 @@ def load_rollout(checkpoint: str, process_index: int, device) -> tuple[int, list
     if saved.get("format", ROLLOUT_FORMAT) > ROLLOUT_FORMAT:
         raise ValueError(f"{path} was written by a newer trl_variants (rollout format {saved['format']}, this version "
                          f"reads {ROLLOUT_FORMAT}): resume it with that version")
+    if saved.get("global_step") != global_step:
+        warnings.warn(f"{path} was saved after step {saved.get('global_step')}, but {checkpoint} after step "
+                      f"{global_step} (a file of another run left in that folder): it is not used", stacklevel=3)
+        return None
     return saved["step"], _moved(saved["buffered_inputs"], device)
 
 

@@ -403,6 +403,20 @@ assert os.path.exists({out!r} + f"/whole/checkpoint-3/rollout_{{whole.args.proce
     {steps_per_generation} == 2)
 for (name, a), b in zip(whole.model.named_parameters(), resumed.model.parameters(), strict=True):
     assert torch.equal(a, b), name
+if {steps_per_generation} == 2:  # one process's file lost: both generate again (one alone would wait forever)
+    import shutil, warnings
+    partial = {out!r} + "/partial/checkpoint-3"
+    if whole.args.process_index == 0:
+        shutil.copytree({out!r} + "/whole/checkpoint-3", partial)
+        os.remove(partial + "/rollout_1.pt")
+    whole.accelerator.wait_for_everyone()
+    regenerated = erpo({out!r} + "/regenerated")
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        regenerated.train(resume_from_checkpoint=partial)
+    assert regenerated.state.global_step == 4
+    assert any("inside a rollout" in str(w.message) for w in said) == (whole.args.process_index == 0)
+    assert any(not torch.equal(a, b) for a, b in zip(whole.model.parameters(), regenerated.model.parameters()))
 print("OK")
 """
 
@@ -463,6 +477,38 @@ def test_a_checkpoint_inside_a_rollout_resumes_exactly_and_one_without_its_rollo
                                          r"rollout_0\.pt.*steps up to 4 .*checkpoint-2"):
         regenerated.train(resume_from_checkpoint=str(old))
     assert any(not torch.equal(a, b) for a, b in zip(whole.model.parameters(), regenerated.model.parameters(), strict=True))
+    # a rollout file of another step (left in the folder by another run) is not used, and said
+    stale = tmp_path / "stale" / "checkpoint-1"
+    shutil.copytree(tmp_path / "whole" / "checkpoint-1", stale)
+    shutil.copy(tmp_path / "whole" / "checkpoint-3" / "rollout_0.pt", stale / "rollout_0.pt")
+    with pytest.warns(UserWarning, match=r"rollout_0\.pt was saved after step 3, but .*checkpoint-1 after step 1.*"
+                                         r"not used"):
+        erpo(tmp_path / "from-stale").train(resume_from_checkpoint=str(stale))
+    # the same trainer resumed after a run of its own: that run's rollout in memory is not trained on
+    uninterrupted = [p.detach().clone() for p in whole.model.parameters()]
+    whole.train(resume_from_checkpoint=str(tmp_path / "whole" / "checkpoint-2"))
+    assert all(torch.equal(a, b) for a, b in zip(uninterrupted, whole.model.parameters(), strict=True))
+
+
+def test_a_save_called_off_after_the_step_leaves_no_checkpoint_folder(tmp_path):
+    """The rollout is written where transformers writes the checkpoint (beside its RNG state), not when a save is
+    first asked for: a callback that calls a save off after ours (or save_strategy="best" without a new best) left
+    folders holding only rollout_0.pt, which resume_from_checkpoint=True took for interrupted saves and which counted
+    against save_total_limit."""
+    from transformers import TrainerCallback
+
+    class NoSaveOnOddSteps(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step % 2:
+                control.should_save = False
+
+    trainer_cls, config_cls = method_classes("erpo")
+    args = small_config(config_cls, tmp_path, **dict(SAVE, num_generations=2, max_steps=4, steps_per_generation=2))
+    trainer = trainer_cls(model=DEFAULT_MODEL_PATH, reward_funcs=text_reward, args=args,
+                          train_dataset=train_dataset(16), callbacks=None)
+    trainer.add_callback(NoSaveOnOddSteps())  # after the trainer's own callbacks
+    trainer.train()
+    assert checkpoint_dirs(tmp_path) == ["checkpoint-2", "checkpoint-4"]
 
 
 ROLLOUT_CASES = {"eepo": dict(entropy_gate="always", temperature=1.5), "dph": dict(pef_threshold=1), "apo": {},
