@@ -1,7 +1,8 @@
 """Train with EEPO (two-stage sample-then-forget rollouts on top of GRPO).
 
     accelerate launch examples/train_eepo.py                      # tiny default (configs/eepo/tiny_cpu.yaml), CPU
-    accelerate launch examples/train_eepo.py --config configs/eepo/qwen2.5-3b.yaml
+    accelerate launch --config_file configs/accelerate/zero2.yaml examples/train_eepo.py \\
+        --config configs/eepo/qwen2.5-3b.yaml --hub_model_id <you>/<name>   # the paper's setup, on GPUs
     accelerate launch examples/train_eepo.py --max_steps 20 --entropy_gate always   # flags override the YAML
 
 The same as `trl-variants train eepo` (no clone needed): the steps (parse, data, rewards, trainer, train,
