@@ -330,7 +330,8 @@ def smoke_flags(recipe: Path) -> dict[str, str]:
     return {a: b for a, b in zip(argv, argv[1:], strict=False) if a.startswith("--")}
 
 
-def paper_command(method: str, backend: str, port: int, tmp: Path, flags: list[str]) -> tuple[list[str], dict]:
+def paper_command(method: str, backend: str, port: int, tmp: Path, flags: list[str],
+                  processes: int = 2) -> tuple[list[str], dict]:
     """``accelerate launch`` of ``method``'s paper recipe (``PAPER_RECIPE``) in its own precision under ``backend``
     on 2 CPU processes: its ``# smoke:`` command with the tiny model and the embedded task substituted (the suite's
     ``test_recipe_start.cpu_smoke_argv``, which copies the recipe into ``tmp``), 32-token completions, then
@@ -348,7 +349,8 @@ def paper_command(method: str, backend: str, port: int, tmp: Path, flags: list[s
     if backend.startswith("fsdp"):  # FSDP over gloo on a machine without a GPU: the harness's lift
         env["PYTHONPATH"] = str(HARNESS.parent / "fsdp_on_cpu")
     cmd = [str(BIN / "accelerate"), "launch", "--config_file", str(ROOT / "configs" / "accelerate" / f"{backend}.yaml"),
-           "--num_processes", "2", "--main_process_port", str(port), str(ROOT / "examples" / f"train_{method}.py"),
+           "--num_processes", str(processes), "--main_process_port", str(port),
+           str(ROOT / "examples" / f"train_{method}.py"),
            *cpu_smoke_argv(recipe, tmp), *precision, "--max_completion_length", "32", "--torch_threads", "1", *flags]
     return cmd, env
 
@@ -360,13 +362,31 @@ def extra_names(stem: str, flag: str, extra: str) -> tuple[str, str]:
     return stem + "_" + re.sub(r"[^a-z0-9]+", "_", extra.lower()).strip("_"), f"{flag} --extra={shlex.quote(extra)}"
 
 
+def same_batch_on(processes: int, smoke: dict[str, str], extra: str) -> list[str]:
+    """The batch flags that keep the smoke command's global batch (2 processes) on ``processes``: 1 doubles
+    ``gradient_accumulation_steps`` and ``steps_per_generation``, 4 halves ``per_device_train_batch_size``."""
+    given = {**smoke, **{a: b for a, b in zip(shlex.split(extra), shlex.split(extra)[1:], strict=False)
+                         if a.startswith("--")}}
+    if processes == 2:
+        return []
+    if processes == 1:
+        return [flag for name in ("--gradient_accumulation_steps", "--steps_per_generation")
+                for flag in (name, str(2 * int(given.get(name, 1))))]
+    if processes == 4:
+        return ["--per_device_train_batch_size", str(int(given["--per_device_train_batch_size"]) // 2)]
+    raise SystemExit(f"--resume_processes {processes}: 1, 2 or 4")
+
+
 def check_paper_resume(args, out: Path) -> None:
     """``--paper --resume``: each paper recipe in its own precision (:func:`paper_command`) under DDP and each backend,
     on a dataset of two rollout batches (an epoch is 2 steps), 4 steps with a checkpoint every step; then new processes
     resume from the first checkpoint inside the second epoch (a row fails without one), and their final weights and
     step-4 loss are set against the uninterrupted run's. (The float32 ``--resume`` runs stay inside the first
     epoch.) ``--extra`` adds flags to both runs: ``--extra="--steps_per_generation 2"`` makes a rollout 2 steps, so
-    the checkpoint is inside a rollout as well (each process's ``rollout_<i>.pt``)."""
+    the checkpoint is inside a rollout as well (each process's ``rollout_<i>.pt``). ``--resume_processes 1`` (or 4)
+    resumes on that many processes with the same global batch (:func:`same_batch_on`): not bit for bit (each process
+    samples with its own random state), so the table says whether it ran and the first step's loss instead of the
+    weight difference; DeepSpeed refuses it by name."""
     import tempfile
 
     import torch  # noqa: F401  (safetensors.torch needs it)
@@ -404,15 +424,19 @@ def check_paper_resume(args, out: Path) -> None:
                 if ok:
                     cmd, env = paper_command(method, backend, port + 1, Path(tmp), [
                         *common, "--output_dir", str(resumed), "--resume_from_checkpoint",
-                        str(first / f"checkpoint-{inside}")])
+                        str(first / f"checkpoint-{inside}"), *same_batch_on(args.resume_processes, smoke, args.extra)],
+                        processes=args.resume_processes)
                     log_resumed = work / f"paper-resume-{method}-{backend}-resumed.log"
                     ok, error = run(cmd, env, log_resumed, timeout=900, cwd=ROOT,
                                     finished=saved)
                 row = {"trainer": method, "backend": "ddp" if backend == "multi_cpu" else backend, "resumed": ok,
-                       "prompts": prompts, "seconds": round(time.time() - start), "error": error}
+                       "prompts": prompts, "seconds": round(time.time() - start), "error": error,
+                       "resume_processes": args.resume_processes}
                 if ok:
                     wa, wb = (load_file(str(d / "model.safetensors")) for d in (first, resumed))
-                    row["max_param_diff"] = max((wa[k].float() - wb[k].float()).abs().max().item() for k in wa)
+                    # a tied lm_head is saved by some layouts and not others (FSDP2 on 2 processes vs 1)
+                    row["max_param_diff"] = max((wa[k].float() - wb[k].float()).abs().max().item()
+                                                for k in wa if k in wb)
                     steps_a, steps_b = _logged_steps(log_first.read_text()), _logged_steps(log_resumed.read_text())
                     row["loss_last"] = [steps_a[-1]["loss"], steps_b[-1]["loss"]] if steps_a and steps_b else []
                     row["checkpoint"], row["epoch_at_checkpoint"] = inside, epochs[inside]
@@ -420,13 +444,21 @@ def check_paper_resume(args, out: Path) -> None:
             rows.append(row)
             print(json.dumps(row), flush=True)
     stem, flag = extra_names("paper_resume", "--paper --resume", args.extra)
+    if args.resume_processes != 2:
+        stem, flag = f"{stem}_on_{args.resume_processes}", f"{flag} --resume_processes {args.resume_processes}"
     rows = merged(out / f"{stem}.json", rows)
+    moved = (f" The resumed run has {args.resume_processes} process(es) and the same global batch (1: twice the "
+             "gradient_accumulation_steps and steps_per_generation; 4: half the per_device_train_batch_size): its "
+             "completions are sampled anew, so its weights and losses differ from the uninterrupted run's; DeepSpeed "
+             "refuses it by name." if args.resume_processes != 2 else "")
     write_table(out / f"{stem}.md", "Each paper recipe in bf16 resumed inside its second epoch, 2 CPU processes"
+                + (f", resumed on {args.resume_processes}" if args.resume_processes != 2 else "")
                 + (f", with {args.extra}" if args.extra else ""), flag,
                 "A dataset of two batches of prompts per optimizer step (an epoch is 2 steps), 4 steps (DPH-RL: four "
                 "batches before its split, 6 steps), a checkpoint every step; new processes resume from the first "
                 "checkpoint inside the second epoch and end with the run. 'Rollouts in the checkpoint': how many "
-                "processes saved the rollout they were inside (0 where the checkpoint falls between rollouts).", rows,
+                "processes saved the rollout they were inside (0 where the checkpoint falls between rollouts)."
+                + moved, rows,
                 {"resumed": lambda r: "yes" if r["resumed"] else "no",
                  "resumed from (its epoch)": lambda r: (f"checkpoint-{r['checkpoint']} ({r['epoch_at_checkpoint']})"
                                                         if "checkpoint" in r else ""),
@@ -519,6 +551,9 @@ def main() -> None:
     parser.add_argument("--extra", default="", help="--paper: more flags for every run (written to "
                                                      "paper_<flags>.md or paper_resume_<flags>.md), e.g. "
                                                      "--extra=\"--cast_lm_head_to_fp32 true\"")
+    parser.add_argument("--resume_processes", type=int, default=2,
+                        help="--paper --resume: resume on this many processes (1 or 4; the same global batch), "
+                             "written to paper_resume_on_<n>.md")
     parser.add_argument("--out", default=str(ROOT / "results" / "distributed"))
     args = parser.parse_args()
     out = Path(args.out)

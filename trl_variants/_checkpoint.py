@@ -48,6 +48,7 @@ from transformers.trainer_callback import ExportableState
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOConfig
 
+from ._numerics import uses_deepspeed
 from ._validation import check_trained_a_step
 
 RECORD_FORMAT = 1
@@ -62,6 +63,24 @@ RESUME_FIELDS = (
     "beta", "loss_type", "epsilon", "epsilon_high", "scale_rewards", "reward_weights",
     "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_completion_length",
 )
+
+
+# How the global batch is split over processes: a resume on another number of processes may change these when the
+# global batches stay the same (:func:`global_batches`); the prompts of each step are then the same.
+LAYOUT_FIELDS = ("world_size", "per_device_train_batch_size", "gradient_accumulation_steps", "steps_per_generation")
+
+
+def global_batches(fields: dict) -> tuple[int, int]:
+    """``(completions per optimizer step, completions per rollout)`` of a record's or a run's :func:`resume_fields`."""
+    rows = fields["per_device_train_batch_size"] * fields["world_size"]
+    return rows * fields["gradient_accumulation_steps"], rows * fields["steps_per_generation"]
+
+
+def other_processes(record: dict, args) -> tuple[int, int] | None:
+    """``(the checkpoint's processes, this run's)`` when a resume continues on another number of processes, else
+    None."""
+    theirs = record.get("config", {}).get("world_size", args.world_size)
+    return (theirs, args.world_size) if theirs != args.world_size else None
 
 
 def free_fields(config_cls) -> frozenset[str]:
@@ -250,20 +269,22 @@ class CheckpointStateMixin:
         save_rollout(self, output_dir, self.args.process_index)
         self.accelerator.wait_for_everyone()
 
-    def _restore_rollout(self, checkpoint: str) -> None:
+    def _restore_rollout(self, checkpoint: str, written_on: int | None = None) -> None:
         """The rollout a checkpoint inside a rollout holds for each process, back in memory (:func:`load_rollout`).
         Every process does the same: where one process has no file, none restores (each would otherwise generate or
         not on its own, and the collective calls of generation would wait forever). Without a rollout the run
         generates at its first step (any rollout of an earlier ``train()`` of this trainer is dropped), said when the
-        checkpoint is inside a rollout."""
+        checkpoint is inside a rollout. A checkpoint of another number of processes is read by none (each file holds
+        one process's share of the rollout: ``written_on``, its number of processes)."""
         step = TrainerState.load_from_json(os.path.join(checkpoint, TRAINER_STATE_NAME)).global_step
-        saved = load_rollout(checkpoint, self.args.process_index, self.accelerator.device, step)
+        saved = load_rollout(checkpoint, self.args.process_index, self.accelerator.device, step) \
+            if written_on is None else None
         if self.args.world_size > 1:
             found = self.accelerator.gather(torch.tensor([saved is not None], device=self.accelerator.device))
             saved = saved if bool(found.all()) else None
         self._step, self._buffered_inputs = saved if saved is not None else (0, None)
         if saved is None and self.args.process_index == 0:
-            warn_resume_inside_a_rollout(checkpoint, self.args, type(self).__name__)
+            warn_resume_inside_a_rollout(checkpoint, self.args, type(self).__name__, written_on)
 
     def _load_extra_state(self, state: dict) -> None:
         if state:
@@ -278,10 +299,12 @@ class CheckpointStateMixin:
         if resume_from_checkpoint is not None:
             if resume_from_checkpoint is True:
                 resume_from_checkpoint = self._last_complete_checkpoint()
-            self._restore_record(resume_from_checkpoint)
+            moved = other_processes(self._restore_record(resume_from_checkpoint), self.args)
             if self.args.process_index == 0:
                 print(resume_line(type(self).__name__, resume_from_checkpoint, self.args.max_steps))
-            self._restore_rollout(resume_from_checkpoint)
+                if moved:
+                    warn_other_processes(resume_from_checkpoint, moved, self.args, type(self).__name__)
+            self._restore_rollout(resume_from_checkpoint, moved[0] if moved else None)
             start_step = TrainerState.load_from_json(os.path.join(resume_from_checkpoint, TRAINER_STATE_NAME)).global_step
         token = _TRAINING.set(self)
         try:
@@ -308,9 +331,10 @@ class CheckpointStateMixin:
                           f"incomplete one is moved to {aside} (delete it when you no longer need it)", stacklevel=3)
         return path
 
-    def _restore_record(self, checkpoint: str) -> None:
+    def _restore_record(self, checkpoint: str) -> dict:
         record = check_checkpoint_record(checkpoint, type(self).__name__, self.args)
         self._load_extra_state(record.get("algorithm_state", {}))
+        return record
 
 
 def rollout_steps(args) -> int:
@@ -395,25 +419,40 @@ def resume_line(trainer_name: str, checkpoint: str, max_steps: int) -> str:
     return f"{trainer_name}: resuming from {checkpoint} (after step {step}; training continues{until})"
 
 
-def warn_resume_inside_a_rollout(checkpoint: str, args, trainer_name: str) -> None:
+def warn_resume_inside_a_rollout(checkpoint: str, args, trainer_name: str, processes: int | None = None) -> None:
     """A checkpoint saved inside a rollout without the rollout (:func:`save_rollout`: an older trl_variants, or a
-    file lost), said before training goes on: that rollout is generated again."""
+    file lost), or written on another number of ``processes``, said before training goes on: that rollout is
+    generated again."""
     step = TrainerState.load_from_json(os.path.join(checkpoint, TRAINER_STATE_NAME)).global_step
     if inside_a_rollout(step, args):
         k = rollout_steps(args)
+        why = (f"was written on {processes} process(es), whose rollout files hold one process's share each"
+               if processes else f"holds no {os.path.basename(rollout_file(checkpoint, args.process_index))} with "
+               "that rollout (written before trl_variants kept rollouts in checkpoints, or removed)")
         warnings.warn(
             f"{trainer_name}: {checkpoint} was saved after step {step}, inside a rollout (rollouts end on multiples of "
-            f"{k} optimizer steps), and holds no {os.path.basename(rollout_file(checkpoint, args.process_index))} "
-            "with that rollout (written before trl_variants kept rollouts in checkpoints, or removed): this run generates the rollout "
-            f"again and its steps up to {(step // k + 1) * k} train on other completions than the uninterrupted run. "
-            f"For an exact resume use a checkpoint at a multiple of {k} (e.g. checkpoint-{step // k * k})",
+            f"{k} optimizer steps), and {why}: this run generates the rollout again and its steps up to "
+            f"{(step // k + 1) * k} train on other completions than the uninterrupted run. For an exact resume use a "
+            f"checkpoint at a multiple of {k} (e.g. checkpoint-{step // k * k})",
             stacklevel=3)
+
+
+def warn_other_processes(checkpoint: str, processes: tuple[int, int], args, trainer_name: str) -> None:
+    """A resume on another number of processes (:func:`other_processes`), said before training goes on."""
+    per_step, per_rollout = global_batches({name: getattr(args, name) for name in LAYOUT_FIELDS})
+    warnings.warn(
+        f"{trainer_name}: {checkpoint} was written on {processes[0]} process(es) and this run has {processes[1]}. The "
+        f"global batch is the same ({per_step} completions per optimizer step, {per_rollout} per rollout), and so are "
+        "the prompts of each step; their completions are sampled anew (each process has its own random state), so "
+        "the run continues the same training but not bit for bit as the uninterrupted one", stacklevel=3)
 
 
 def check_checkpoint_record(checkpoint: str, trainer_name: str, args) -> dict:
     """The record of ``checkpoint`` (see the module docstring), after checking that the checkpoint is complete and was
     written by ``trainer_name`` with the same :func:`resume_fields` as ``args``; raises naming what differs and the
-    fix. Reads only ``trainer_state.json``: a trainer runs it at construction (before the model load and any offline
+    fix. On another number of processes the split of the batch (:data:`LAYOUT_FIELDS`) may differ when the global
+    batches do not (:func:`global_batches`), except under DeepSpeed, which loads its partitioned optimizer state only
+    on the same number. Reads only ``trainer_state.json``: a trainer runs it at construction (before the model load and any offline
     pass, :meth:`CheckpointStateMixin.__init__`) and again at ``train()``, where the algorithm state is restored."""
     problem = checkpoint_problem(checkpoint)
     if problem is not None:
@@ -437,6 +476,30 @@ def check_checkpoint_record(checkpoint: str, trainer_name: str, args) -> dict:
     inert = getattr(type(args), "inert_fields", None)  # fields that change nothing in both runs are not compared
     skip = inert(mine) & inert(theirs) if inert else set()
     changed = [name for name in mine if name in theirs and name not in skip and mine[name] != theirs[name]]
+    if "world_size" in changed and all(name in theirs for name in LAYOUT_FIELDS):
+        # another number of processes: the split of the batch may change, the global batches may not
+        if global_batches(mine) != global_batches(theirs):
+            (a, b), (c, d) = global_batches(theirs), global_batches(mine)
+            raise ValueError(
+                f"checkpoint {checkpoint} was written on {theirs['world_size']} process(es), this run has "
+                f"{mine['world_size']}: a resume on another number of processes keeps the global batch, but the "
+                f"checkpoint's is {a} completions per optimizer step and {b} per rollout (per_device_train_batch_size "
+                f"{theirs['per_device_train_batch_size']} x {theirs['world_size']} process(es) x "
+                f"gradient_accumulation_steps {theirs['gradient_accumulation_steps']} / x steps_per_generation "
+                f"{theirs['steps_per_generation']}), this run's {c} and {d}. Set gradient_accumulation_steps and "
+                "steps_per_generation (or per_device_train_batch_size) so that both products are the checkpoint's "
+                "(trl-variants train does this for a shipped recipe unless --keep_recipe_batch false), or resume on "
+                f"{theirs['world_size']} process(es)")
+        if uses_deepspeed(args):
+            raise ValueError(
+                f"checkpoint {checkpoint} was written on {theirs['world_size']} process(es), this run has "
+                f"{mine['world_size']}, under DeepSpeed: DeepSpeed partitions the optimizer state by process and "
+                "loads it only on the same number (its universal checkpoints need state that transformers does not "
+                f"save). Resume on {theirs['world_size']} process(es); or start a new run from the checkpoint's "
+                f"weights (model={checkpoint!r}; the optimizer state and the schedule start again); a run that may "
+                "have to continue on another number of processes can train under DDP or FSDP2, which resume on any "
+                "number with the same global batch")
+        changed = [name for name in changed if name not in LAYOUT_FIELDS]
     if changed:
         lines = "; ".join(f"{name}: checkpoint {theirs[name]!r}, this run {mine[name]!r}" for name in changed)
         raise ValueError(

@@ -81,6 +81,12 @@ def _env_true(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in ("1", "true", "yes")
 
 
+def uses_deepspeed(args) -> bool:
+    """The run trains under DeepSpeed: a ``deepspeed`` config in ``args``, or ``accelerate launch`` with a DeepSpeed
+    config (``ACCELERATE_USE_DEEPSPEED``)."""
+    return bool(getattr(args, "deepspeed", None)) or _env_true("ACCELERATE_USE_DEEPSPEED")
+
+
 def uses_fsdp(args) -> bool:
     """Whether the run is under FSDP: ``args.fsdp``, or ``accelerate launch`` with an FSDP config."""
     return bool(getattr(args, "fsdp", None)) or _env_true("ACCELERATE_USE_FSDP")
@@ -105,8 +111,7 @@ def has_master_weights(args) -> bool:
     precision optimizer), or FSDP with mixed precision (Accelerate upcasts the trainable parameters to float32).
     Mixed precision from ``accelerate launch`` counts: transformers turns it on even with ``bf16: false``."""
     mixed = mixed_precision(args) is not None
-    deepspeed = bool(getattr(args, "deepspeed", None)) or _env_true("ACCELERATE_USE_DEEPSPEED")
-    return mixed and (deepspeed or uses_fsdp(args))
+    return mixed and (uses_deepspeed(args) or uses_fsdp(args))
 
 
 def _low_dtype(value):

@@ -530,3 +530,103 @@ def test_every_trainer_resumes_inside_a_rollout_exactly(tmp_path, case):
     resumed = _trainer(name, tmp_path / "resumed", **kw)
     resumed.train(resume_from_checkpoint=str(tmp_path / "whole" / "checkpoint-3"))
     _assert_same_run(whole, resumed)
+
+
+# ------------------------------------------------------------------------- resumed on another number of processes ---
+def _record_on(checkpoint: Path, copy: Path, **config) -> Path:
+    """A copy of ``checkpoint`` whose record says it was written with ``config`` (e.g. on 2 processes)."""
+    shutil.copytree(checkpoint, copy)
+    state = json.loads((copy / "trainer_state.json").read_text())
+    state["stateful_callbacks"][RECORD]["config"].update(config)
+    (copy / "trainer_state.json").write_text(json.dumps(state))
+    return copy
+
+
+def test_another_number_of_processes_resumes_when_the_global_batch_is_kept(tmp_path, checkpoints, monkeypatch):
+    """A job restarted on fewer or more GPUs: the checkpoint of 2 processes x 2 rows resumes on 1 process x 4 rows
+    (the same 4 completions per optimizer step and per rollout), said; another global batch is refused before the
+    model loads, naming both; under DeepSpeed, which loads its partitioned optimizer state only on the same number
+    of processes, it is refused too."""
+    two = _record_on(checkpoints["erpo"], tmp_path / "two" / "checkpoint-1", world_size=2, per_device_train_batch_size=2)
+    trainer = _trainer("erpo", tmp_path / "resumed", max_steps=2)
+    with pytest.warns(UserWarning, match=r"checkpoint-1 was written on 2 process\(es\) and this run has 1\. The global "
+                                         r"batch is the same \(4 completions per optimizer step, 4 per rollout\).*not "
+                                         r"bit for bit"):
+        trainer.train(resume_from_checkpoint=str(two))
+    assert trainer.state.global_step == 2
+    other = _record_on(checkpoints["erpo"], tmp_path / "other" / "checkpoint-1", world_size=2,
+                       per_device_train_batch_size=4)
+    with pytest.raises(ValueError, match=r"written on 2 process\(es\), this run has 1: .*the checkpoint's is 8 "
+                                         r"completions per optimizer step and 8 per rollout.*this run's 4 and 4\. Set "
+                                         r"gradient_accumulation_steps and steps_per_generation"):
+        _trainer("erpo", tmp_path / "refused", max_steps=2, resume_from_checkpoint=str(other))
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    with pytest.raises(ValueError, match=r"written on 2 process\(es\), this run has 1, under DeepSpeed: .*Resume on 2 "
+                                         r"process\(es\).*DDP or FSDP2"):
+        _trainer("erpo", tmp_path / "deepspeed", max_steps=2, resume_from_checkpoint=str(two))
+
+
+TWO_RANKS_TO_ONE = """
+import json, os
+import torch
+torch.set_num_threads(1)
+from trl_variants import ERPOConfig, ERPOTrainer, load_default_dataset
+from trl_variants.default import DEFAULT_MODEL_PATH
+
+
+def text_reward(completions, prompts, trainer_state, **kwargs):  # test_checkpoints.prompt_logging_reward
+    with open(os.path.join({out!r}, f"prompts_{{os.environ.get('RANK', '0')}}.jsonl"), "a") as f:
+        f.write(json.dumps({{"step": trainer_state.global_step, "prompts": [p[-1]["content"] for p in prompts]}}) + "\\n")
+    texts = [c[-1]["content"] for c in completions]
+    return [float(sum(map(ord, t)) % 5) / 4 for t in texts]
+
+
+args = ERPOConfig(output_dir={out!r}, use_cpu=True, bf16=False, gradient_checkpointing=False, report_to="none",
+                  disable_tqdm=True, save_strategy="steps", save_steps=1, per_device_train_batch_size=2,
+                  num_generations=2, max_completion_length=8, learning_rate=1e-3, seed=0, max_steps=6)
+ERPOTrainer(model=DEFAULT_MODEL_PATH, reward_funcs=text_reward, args=args,
+            train_dataset=load_default_dataset(8, 4)["train"]).train()
+print("OK")
+"""
+
+
+def _prompts_per_step(out: Path) -> dict[int, list[str]]:
+    steps = {}
+    for log in out.glob("prompts_*.jsonl"):
+        for line in log.read_text().splitlines():
+            row = json.loads(line)
+            steps.setdefault(row["step"], []).extend(row["prompts"])
+    return {step: sorted(prompts) for step, prompts in steps.items()}
+
+
+@pytest.mark.slow
+def test_two_processes_resumed_on_one_train_the_same_prompts(tmp_path, monkeypatch):
+    """2 gloo processes x 2 rows a step, checkpoint-3 (inside the second epoch of 4 prompts), resumed on 1 process x 2
+    rows x gradient_accumulation_steps 2 (steps_per_generation 2, so a rollout is still one step): every later step
+    trains the same prompts as the uninterrupted run (their completions differ: each process had its own random
+    state)."""
+    whole = tmp_path / "whole"
+    whole.mkdir()
+    script = tmp_path / "two_ranks.py"
+    script.write_text(TWO_RANKS_TO_ONE.format(out=str(whole)))
+    run_two_ranks(script, 29571, timeout=400)
+    resumed = tmp_path / "resumed"
+    resumed.mkdir()
+    monkeypatch.setenv("RANK", "0")
+
+    def prompt_logging_reward(completions, prompts, trainer_state, **kwargs):
+        with open(resumed / "prompts_0.jsonl", "a") as f:
+            f.write(json.dumps({"step": trainer_state.global_step, "prompts": [p[-1]["content"] for p in prompts]}) + "\n")
+        return text_reward(completions)
+
+    trainer_cls, config_cls = method_classes("erpo")
+    args = small_config(config_cls, resumed, **dict(SAVE, per_device_train_batch_size=2, num_generations=2,
+                                                    gradient_accumulation_steps=2, steps_per_generation=2,
+                                                    max_steps=6, seed=0))
+    trainer = trainer_cls(model=DEFAULT_MODEL_PATH, reward_funcs=prompt_logging_reward, args=args,
+                          train_dataset=train_dataset(8))
+    with pytest.warns(UserWarning, match=r"written on 2 process\(es\) and this run has 1"):
+        trainer.train(resume_from_checkpoint=str(whole / "checkpoint-3"))
+    before, after = _prompts_per_step(whole), _prompts_per_step(resumed)
+    assert sorted(after) == [3, 4, 5] and all(after[step] == before[step] for step in after)
+    assert len(set(map(tuple, after.values()))) > 1  # the steps differ from each other: the comparison can fail
