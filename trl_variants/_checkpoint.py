@@ -48,7 +48,7 @@ from transformers.trainer_callback import ExportableState
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOConfig
 
-from ._numerics import uses_deepspeed
+from ._numerics import uses_deepspeed, uses_fsdp
 from ._validation import check_trained_a_step
 
 RECORD_FORMAT = 1
@@ -81,6 +81,55 @@ def other_processes(record: dict, args) -> tuple[int, int] | None:
     None."""
     theirs = record.get("config", {}).get("world_size", args.world_size)
     return (theirs, args.world_size) if theirs != args.world_size else None
+
+
+def checkpoint_backend(checkpoint: str) -> str | None:
+    """The backend whose optimizer state ``checkpoint`` holds, read from the files transformers writes: DeepSpeed's
+    ``global_step<N>/`` (ZeRO-3 when it has per-process model states), FSDP's ``pytorch_model_fsdp*``, a plain
+    ``optimizer.pt`` (DDP or one process); None without optimizer state (``save_only_model``)."""
+    names = os.listdir(checkpoint)
+    steps = [name for name in names if name.startswith("global_step") and os.path.isdir(os.path.join(checkpoint, name))]
+    if steps:
+        per_process = any(f.startswith("zero_pp_rank_") and f.endswith("_model_states.pt")
+                          for step in steps for f in os.listdir(os.path.join(checkpoint, step)))
+        return "DeepSpeed ZeRO-3" if per_process else "DeepSpeed ZeRO-1/2"
+    if any(name.startswith("pytorch_model_fsdp") for name in names):
+        return "FSDP"
+    return "DDP or one process" if "optimizer.pt" in names else None
+
+
+def run_backend(args) -> str:
+    """The backend this run trains under, in :func:`checkpoint_backend`'s words (``DeepSpeed`` when its ZeRO stage is
+    not known before the accelerator exists)."""
+    if uses_deepspeed(args):
+        stage = os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE")
+        config = getattr(args, "deepspeed", None)
+        if stage is None and isinstance(config, str) and os.path.isfile(config):
+            with open(config) as f:
+                config = json.load(f)
+        if stage is None and isinstance(config, dict):
+            stage = config.get("zero_optimization", {}).get("stage")
+        if str(stage).strip() in ("0", "1", "2", "3"):
+            return "DeepSpeed ZeRO-3" if str(stage).strip() == "3" else "DeepSpeed ZeRO-1/2"
+        return "DeepSpeed"
+    return "FSDP" if uses_fsdp(args) else "DDP or one process"
+
+
+def check_same_backend(checkpoint: str, args) -> None:
+    """A checkpoint resumed under another backend than it was written with: transformers fails after the model load
+    and the offline pass (FSDP's or DeepSpeed's files missing, a bare ``AssertionError`` between ZeRO stages), or,
+    from DeepSpeed to DDP, loads the weights and skips the optimizer state without a word. Refused before the model
+    loads, naming both."""
+    written, running = checkpoint_backend(checkpoint), run_backend(args)
+    if written is None or written == running or (running == "DeepSpeed" and written.startswith("DeepSpeed")):
+        return
+    what = ("transformers would load its weights and start the optimizer state (Adam's moments) again without a "
+            "word" if written.startswith("DeepSpeed") and running == "DDP or one process" else
+            "transformers cannot read its optimizer state, and fails after the model load")
+    raise ValueError(
+        f"checkpoint {checkpoint} was written under {written}, and this run trains under {running}: {what}. Resume "
+        f"with the accelerate config it was written with (the same --config_file), or start a new run from its "
+        f"weights (model={checkpoint!r}; the optimizer state and the schedule start again)")
 
 
 def free_fields(config_cls) -> frozenset[str]:
@@ -452,7 +501,7 @@ def check_checkpoint_record(checkpoint: str, trainer_name: str, args) -> dict:
     written by ``trainer_name`` with the same :func:`resume_fields` as ``args``; raises naming what differs and the
     fix. On another number of processes the split of the batch (:data:`LAYOUT_FIELDS`) may differ when the global
     batches do not (:func:`global_batches`), except under DeepSpeed, which loads its partitioned optimizer state only
-    on the same number. Reads only ``trainer_state.json``: a trainer runs it at construction (before the model load and any offline
+    on the same number; the backend may not change (:func:`check_same_backend`). Reads only ``trainer_state.json``: a trainer runs it at construction (before the model load and any offline
     pass, :meth:`CheckpointStateMixin.__init__`) and again at ``train()``, where the algorithm state is restored."""
     problem = checkpoint_problem(checkpoint)
     if problem is not None:
@@ -472,6 +521,7 @@ def check_checkpoint_record(checkpoint: str, trainer_name: str, args) -> dict:
     if record["trainer"] != trainer_name:
         raise ValueError(f"checkpoint {checkpoint} was written by {record['trainer']}; resume it with "
                          f"{record['trainer']}, or start a new run without resume_from_checkpoint")
+    check_same_backend(checkpoint, args)
     mine, theirs = resume_fields(args), record.get("config", {})
     inert = getattr(type(args), "inert_fields", None)  # fields that change nothing in both runs are not compared
     skip = inert(mine) & inert(theirs) if inert else set()

@@ -561,9 +561,64 @@ def test_another_number_of_processes_resumes_when_the_global_batch_is_kept(tmp_p
                                          r"gradient_accumulation_steps and steps_per_generation"):
         _trainer("erpo", tmp_path / "refused", max_steps=2, resume_from_checkpoint=str(other))
     monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    as_zero2(two)
     with pytest.raises(ValueError, match=r"written on 2 process\(es\), this run has 1, under DeepSpeed: .*Resume on 2 "
                                          r"process\(es\).*DDP or FSDP2"):
         _trainer("erpo", tmp_path / "deepspeed", max_steps=2, resume_from_checkpoint=str(two))
+
+
+def as_zero2(checkpoint: Path, zero3: bool = False) -> Path:
+    """``checkpoint``'s optimizer state laid out as DeepSpeed writes it (file names as a 2-process ZeRO-2 / ZeRO-3 run
+    of ``scripts/check_distributed_backends.py`` wrote them): ``global_step<N>/`` and ``latest``, no ``optimizer.pt``."""
+    step = f"global_step{json.loads((checkpoint / 'trainer_state.json').read_text())['global_step']}"
+    (checkpoint / step).mkdir()
+    (checkpoint / "latest").write_text(step)
+    names = ["zero_pp_rank_0_mp_rank_00_optim_states.pt", "zero_pp_rank_1_mp_rank_00_optim_states.pt"]
+    names += (["zero_pp_rank_0_mp_rank_00_model_states.pt", "zero_pp_rank_1_mp_rank_00_model_states.pt"] if zero3
+              else ["mp_rank_00_model_states.pt"])
+    for name in names:
+        (checkpoint / step / name).write_bytes(b"")
+    (checkpoint / "optimizer.pt").unlink()
+    return checkpoint
+
+
+@pytest.mark.parametrize("written,running,said", [
+    ("ddp", {"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "2"},
+     r"written under DDP or one process, and this run trains under DeepSpeed ZeRO-1/2: transformers cannot read"),
+    ("zero2", {}, r"written under DeepSpeed ZeRO-1/2, and this run trains under DDP or one process: transformers would "
+                  r"load its weights and start the optimizer state \(Adam's moments\) again without a word"),
+    ("zero2", {"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "3"},
+     r"written under DeepSpeed ZeRO-1/2, and this run trains under DeepSpeed ZeRO-3"),
+    ("zero3", {"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "2"},
+     r"written under DeepSpeed ZeRO-3, and this run trains under DeepSpeed ZeRO-1/2"),
+    ("fsdp", {}, r"written under FSDP, and this run trains under DDP or one process: transformers cannot read"),
+    ("ddp", {"ACCELERATE_USE_FSDP": "true"}, r"written under DDP or one process, and this run trains under FSDP"),
+], ids=["ddp-to-zero2", "zero2-to-ddp", "zero2-to-zero3", "zero3-to-zero2", "fsdp-to-ddp", "ddp-to-fsdp"])
+def test_a_checkpoint_resumed_under_another_backend_is_refused_before_the_model_loads(tmp_path, checkpoints,
+                                                                                      monkeypatch, written, running,
+                                                                                      said):
+    """Launched with another accelerate config than the checkpoint's, transformers failed after the model load and
+    the offline pass (a bare AssertionError between ZeRO stages, FileNotFoundError pytorch_model_fsdp.bin, "Can't
+    find a valid checkpoint"), and from DeepSpeed to DDP it loaded the weights and started Adam's moments again
+    without a word (seen with 2-process runs of each pair). Now refused at construction, naming both backends."""
+    from transformers import PreTrainedModel
+
+    copy = tmp_path / written / "checkpoint-1"
+    shutil.copytree(checkpoints["erpo"], copy)
+    if written in ("zero2", "zero3"):
+        as_zero2(copy, zero3=written == "zero3")
+    if written == "fsdp":  # FSDP2 with FULL_STATE_DICT: pytorch_model_fsdp.bin and optimizer.bin
+        (copy / "optimizer.pt").rename(copy / "optimizer.bin")
+        (copy / "pytorch_model_fsdp.bin").write_bytes(b"")
+    for name, value in running.items():
+        monkeypatch.setenv(name, value)
+
+    def fail(cls, *args, **kwargs):
+        raise AssertionError("the model was loaded before the checkpoint was refused")
+
+    monkeypatch.setattr(PreTrainedModel, "from_pretrained", classmethod(fail))
+    with pytest.raises(ValueError, match=said + r".*Resume with the accelerate config it was written with"):
+        _trainer("erpo", tmp_path / "resumed", max_steps=2, resume_from_checkpoint=str(copy))
 
 
 TWO_RANKS_TO_ONE = """
