@@ -119,7 +119,15 @@ def check_same_backend(checkpoint: str, args) -> None:
     """A checkpoint resumed under another backend than it was written with: transformers fails after the model load
     and the offline pass (FSDP's or DeepSpeed's files missing, a bare ``AssertionError`` between ZeRO stages), or,
     from DeepSpeed to DDP, loads the weights and skips the optimizer state without a word. Refused before the model
-    loads, naming both."""
+    loads, naming both. So is a checkpoint without optimizer state (``save_only_model``), which transformers resumes
+    with the optimizer, the schedule and the random state started again."""
+    names = os.listdir(checkpoint)
+    if not any(name.startswith(("optimizer", "global_step", "pytorch_model_fsdp")) for name in names):
+        raise ValueError(
+            f"checkpoint {checkpoint} holds no optimizer state (saved with save_only_model=True): transformers would "
+            "resume it with Adam's moments, the learning-rate schedule (its warmup included) and the random state "
+            f"started again, without a word. Start a new run from its weights (model={checkpoint!r}), or save full "
+            "checkpoints (save_only_model=False) for runs you may resume")
     written, running = checkpoint_backend(checkpoint), run_backend(args)
     if written is None or written == running or (running == "DeepSpeed" and written.startswith("DeepSpeed")):
         return

@@ -685,3 +685,15 @@ def test_two_processes_resumed_on_one_train_the_same_prompts(tmp_path, monkeypat
     before, after = _prompts_per_step(whole), _prompts_per_step(resumed)
     assert sorted(after) == [3, 4, 5] and all(after[step] == before[step] for step in after)
     assert len(set(map(tuple, after.values()))) > 1  # the steps differ from each other: the comparison can fail
+
+
+def test_a_model_only_checkpoint_is_refused_as_a_resume(tmp_path, checkpoints):
+    """save_only_model=True writes the weights alone: transformers resumed such a checkpoint with Adam's moments, the
+    learning-rate schedule (warmup again) and the random state started over, without a word."""
+    _trainer("erpo", tmp_path / "model_only", save_only_model=True).train()
+    model_only = tmp_path / "model_only" / "checkpoint-1"
+    assert not [p.name for p in model_only.iterdir() if p.name.startswith(("optimizer", "scheduler", "rng_state"))]
+    with pytest.raises(ValueError, match=r"checkpoint-1 holds no optimizer state \(saved with save_only_model=True\).*"
+                                         r"Start a new run from its weights"):
+        _trainer("erpo", tmp_path / "resumed", max_steps=2, resume_from_checkpoint=str(model_only))
+    _trainer("erpo", tmp_path / "full", max_steps=2, resume_from_checkpoint=str(checkpoints["erpo"]))  # accepted
