@@ -70,10 +70,21 @@ RESUME_FIELDS = (
 LAYOUT_FIELDS = ("world_size", "per_device_train_batch_size", "gradient_accumulation_steps", "steps_per_generation")
 
 
-def global_batches(fields: dict) -> tuple[int, int]:
-    """``(completions per optimizer step, completions per rollout)`` of a record's or a run's :func:`resume_fields`."""
+def per_process_fields(config_cls) -> tuple[str, ...]:
+    """A trainer's own rows per micro-step per process (DPH-RL's ``pef_batch_size``): what each config class in its
+    bases declares as ``per_process_batch_fields``. On another number of processes they may change with the split of
+    the batch, and their global rows per optimizer step may not."""
+    return tuple(dict.fromkeys(name for cls in config_cls.__mro__
+                               for name in vars(cls).get("per_process_batch_fields", ())))
+
+
+def global_batches(fields: dict, own: tuple[str, ...] = ()) -> tuple[int, ...]:
+    """``(completions per optimizer step, completions per rollout, then each of ``own``'s rows per optimizer step)``
+    of a record's or a run's :func:`resume_fields`."""
     rows = fields["per_device_train_batch_size"] * fields["world_size"]
-    return rows * fields["gradient_accumulation_steps"], rows * fields["steps_per_generation"]
+    per_step = fields["world_size"] * fields["gradient_accumulation_steps"]
+    return (rows * fields["gradient_accumulation_steps"], rows * fields["steps_per_generation"],
+            *(fields[name] * per_step for name in own))
 
 
 def other_processes(record: dict, args) -> tuple[int, int] | None:
@@ -102,8 +113,9 @@ def run_backend(args) -> str:
     """The backend this run trains under, in :func:`checkpoint_backend`'s words (``DeepSpeed`` when its ZeRO stage is
     not known before the accelerator exists)."""
     if uses_deepspeed(args):
-        stage = os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE")
-        config = getattr(args, "deepspeed", None)
+        stage = os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE")  # accelerate launch, zero_stage in its config
+        # a DeepSpeed JSON: the training config's, or the one accelerate launch's deepspeed_config_file names
+        config = getattr(args, "deepspeed", None) or os.environ.get("ACCELERATE_DEEPSPEED_CONFIG_FILE")
         if stage is None and isinstance(config, str) and os.path.isfile(config):
             with open(config) as f:
                 config = json.load(f)
@@ -136,8 +148,9 @@ def check_same_backend(checkpoint: str, args) -> None:
             "transformers cannot read its optimizer state, and fails after the model load")
     raise ValueError(
         f"checkpoint {checkpoint} was written under {written}, and this run trains under {running}: {what}. Resume "
-        f"with the accelerate config it was written with (the same --config_file), or start a new run from its "
-        f"weights (model={checkpoint!r}; the optimizer state and the schedule start again)")
+        "with the backend it was written with (the same accelerate launch --config_file, or the same deepspeed / fsdp "
+        f"option of the training config), or start a new run from its weights (model={checkpoint!r}; the optimizer "
+        "state and the schedule start again)")
 
 
 def free_fields(config_cls) -> frozenset[str]:
@@ -330,8 +343,10 @@ class CheckpointStateMixin:
         """The rollout a checkpoint inside a rollout holds for each process, back in memory (:func:`load_rollout`).
         Every process does the same: where one process has no file, none restores (each would otherwise generate or
         not on its own, and the collective calls of generation would wait forever). Without a rollout the run
-        generates at its first step (any rollout of an earlier ``train()`` of this trainer is dropped), said when the
-        checkpoint is inside a rollout. A checkpoint of another number of processes is read by none (each file holds
+        generates at its first step (any rollout of an earlier ``train()`` of this trainer is dropped), with the
+        micro-step counter where transformers resumes the data (inside a rollout, the dataloader stands in that
+        rollout's repeated batches: a counter at 0 generated one rollout late from then on), said when the checkpoint
+        is inside a rollout. A checkpoint of another number of processes is read by none (each file holds
         one process's share of the rollout: ``written_on``, its number of processes)."""
         step = TrainerState.load_from_json(os.path.join(checkpoint, TRAINER_STATE_NAME)).global_step
         saved = load_rollout(checkpoint, self.args.process_index, self.accelerator.device, step) \
@@ -339,8 +354,12 @@ class CheckpointStateMixin:
         if self.args.world_size > 1:
             found = self.accelerator.gather(torch.tensor([saved is not None], device=self.accelerator.device))
             saved = saved if bool(found.all()) else None
-        self._step, self._buffered_inputs = saved if saved is not None else (0, None)
-        if saved is None and self.args.process_index == 0:
+        if saved is None:  # generate at the first step, aligned where transformers resumes the data: inside a rollout,
+            # the micro-steps of it already trained (the dataloader stands in that rollout's repeated batches)
+            saved = (step * self.args.gradient_accumulation_steps
+                     % (self.args.steps_per_generation * self.num_iterations), None)
+        self._step, self._buffered_inputs = saved
+        if saved[1] is None and self.args.process_index == 0:
             warn_resume_inside_a_rollout(checkpoint, self.args, type(self).__name__, written_on)
 
     def _load_extra_state(self, state: dict) -> None:
@@ -500,8 +519,9 @@ def warn_other_processes(checkpoint: str, processes: tuple[int, int], args, trai
     warnings.warn(
         f"{trainer_name}: {checkpoint} was written on {processes[0]} process(es) and this run has {processes[1]}. The "
         f"global batch is the same ({per_step} completions per optimizer step, {per_rollout} per rollout), and so are "
-        "the prompts of each step; their completions are sampled anew (each process has its own random state), so "
-        "the run continues the same training but not bit for bit as the uninterrupted one", stacklevel=3)
+        "the prompts of every rollout; their completions are sampled anew (each process has its own random state), "
+        "and where a rollout spans several optimizer steps its prompts are split over them anew, so the run "
+        "continues the same training but not bit for bit as the uninterrupted one", stacklevel=3)
 
 
 def check_checkpoint_record(checkpoint: str, trainer_name: str, args) -> dict:
@@ -534,10 +554,19 @@ def check_checkpoint_record(checkpoint: str, trainer_name: str, args) -> dict:
     inert = getattr(type(args), "inert_fields", None)  # fields that change nothing in both runs are not compared
     skip = inert(mine) & inert(theirs) if inert else set()
     changed = [name for name in mine if name in theirs and name not in skip and mine[name] != theirs[name]]
+    own = tuple(name for name in per_process_fields(type(args)) if name in mine and name in theirs)
     if "world_size" in changed and all(name in theirs for name in LAYOUT_FIELDS):
         # another number of processes: the split of the batch may change, the global batches may not
-        if global_batches(mine) != global_batches(theirs):
-            (a, b), (c, d) = global_batches(theirs), global_batches(mine)
+        if global_batches(mine, own) != global_batches(theirs, own):
+            (a, b, *x), (c, d, *y) = global_batches(theirs, own), global_batches(mine, own)
+            if (a, b) == (c, d):  # a trainer's own rows per step differ
+                raise ValueError(
+                    f"checkpoint {checkpoint} was written on {theirs['world_size']} process(es), this run has "
+                    f"{mine['world_size']}: a resume on another number of processes keeps every global batch, but "
+                    + "; ".join(f"{name} x processes x gradient_accumulation_steps is {p} in the checkpoint "
+                                f"({theirs[name]} there) and {q} in this run ({mine[name]})"
+                                for name, p, q in zip(own, x, y, strict=True) if p != q)
+                    + f". Set it so that the products are equal, or resume on {theirs['world_size']} process(es)")
             raise ValueError(
                 f"checkpoint {checkpoint} was written on {theirs['world_size']} process(es), this run has "
                 f"{mine['world_size']}: a resume on another number of processes keeps the global batch, but the "
@@ -557,7 +586,7 @@ def check_checkpoint_record(checkpoint: str, trainer_name: str, args) -> dict:
                 f"weights (model={checkpoint!r}; the optimizer state and the schedule start again); a run that may "
                 "have to continue on another number of processes can train under DDP or FSDP2, which resume on any "
                 "number with the same global batch")
-        changed = [name for name in changed if name not in LAYOUT_FIELDS]
+        changed = [name for name in changed if name not in LAYOUT_FIELDS and name not in own]
     if changed:
         lines = "; ".join(f"{name}: checkpoint {theirs[name]!r}, this run {mine[name]!r}" for name in changed)
         raise ValueError(

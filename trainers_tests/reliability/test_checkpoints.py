@@ -617,7 +617,8 @@ def test_a_checkpoint_resumed_under_another_backend_is_refused_before_the_model_
         raise AssertionError("the model was loaded before the checkpoint was refused")
 
     monkeypatch.setattr(PreTrainedModel, "from_pretrained", classmethod(fail))
-    with pytest.raises(ValueError, match=said + r".*Resume with the accelerate config it was written with"):
+    with pytest.raises(ValueError, match=said + r".*Resume with the backend it was written with \(the same "
+                                               r"accelerate launch --config_file"):
         _trainer("erpo", tmp_path / "resumed", max_steps=2, resume_from_checkpoint=str(copy))
 
 
@@ -638,7 +639,8 @@ def text_reward(completions, prompts, trainer_state, **kwargs):  # test_checkpoi
 
 args = ERPOConfig(output_dir={out!r}, use_cpu=True, bf16=False, gradient_checkpointing=False, report_to="none",
                   disable_tqdm=True, save_strategy="steps", save_steps=1, per_device_train_batch_size=2,
-                  num_generations=2, max_completion_length=8, learning_rate=1e-3, seed=0, max_steps=6)
+                  num_generations=2, max_completion_length=8, learning_rate=1e-3, seed=0, max_steps=6,
+                  steps_per_generation={spg})
 ERPOTrainer(model=DEFAULT_MODEL_PATH, reward_funcs=text_reward, args=args,
             train_dataset=load_default_dataset(8, 4)["train"]).train()
 print("OK")
@@ -655,16 +657,19 @@ def _prompts_per_step(out: Path) -> dict[int, list[str]]:
 
 
 @pytest.mark.slow
-def test_two_processes_resumed_on_one_train_the_same_prompts(tmp_path, monkeypatch):
-    """2 gloo processes x 2 rows a step, checkpoint-3 (inside the second epoch of 4 prompts), resumed on 1 process x 2
-    rows x gradient_accumulation_steps 2 (steps_per_generation 2, so a rollout is still one step): every later step
-    trains the same prompts as the uninterrupted run (their completions differ: each process had its own random
-    state)."""
+@pytest.mark.parametrize("spg", [1, 2], ids=["a-rollout-a-step", "a-rollout-two-steps"])
+def test_two_processes_resumed_on_one_train_the_same_prompts(tmp_path, monkeypatch, spg):
+    """2 gloo processes x 2 rows a step, checkpoint-3 (inside the second epoch), resumed on 1 process x 2 rows x
+    gradient_accumulation_steps 2 (and twice the steps_per_generation): every later rollout has the same prompts as
+    the uninterrupted run's, generated at the same step (their completions differ: each process had its own random
+    state). With a rollout of two steps, checkpoint-3 is inside one: the resumed run generates it again at step 3 (the
+    prompts of the uninterrupted run's rollout at step 2) and the next at step 4, where a counter started at 0 went
+    one rollout late."""
     whole = tmp_path / "whole"
     whole.mkdir()
     script = tmp_path / "two_ranks.py"
-    script.write_text(TWO_RANKS_TO_ONE.format(out=str(whole)))
-    run_two_ranks(script, 29571, timeout=400)
+    script.write_text(TWO_RANKS_TO_ONE.format(out=str(whole), spg=spg))
+    run_two_ranks(script, 29571 + spg, timeout=400)
     resumed = tmp_path / "resumed"
     resumed.mkdir()
     monkeypatch.setenv("RANK", "0")
@@ -676,15 +681,19 @@ def test_two_processes_resumed_on_one_train_the_same_prompts(tmp_path, monkeypat
 
     trainer_cls, config_cls = method_classes("erpo")
     args = small_config(config_cls, resumed, **dict(SAVE, per_device_train_batch_size=2, num_generations=2,
-                                                    gradient_accumulation_steps=2, steps_per_generation=2,
+                                                    gradient_accumulation_steps=2, steps_per_generation=2 * spg,
                                                     max_steps=6, seed=0))
     trainer = trainer_cls(model=DEFAULT_MODEL_PATH, reward_funcs=prompt_logging_reward, args=args,
                           train_dataset=train_dataset(8))
     with pytest.warns(UserWarning, match=r"written on 2 process\(es\) and this run has 1"):
         trainer.train(resume_from_checkpoint=str(whole / "checkpoint-3"))
-    before, after = _prompts_per_step(whole), _prompts_per_step(resumed)
-    assert sorted(after) == [3, 4, 5] and all(after[step] == before[step] for step in after)
-    assert len(set(map(tuple, after.values()))) > 1  # the steps differ from each other: the comparison can fail
+    before, after = _prompts_per_step(whole), _prompts_per_step(resumed)  # {step a rollout was generated at: prompts}
+    if spg == 1:
+        assert sorted(after) == [3, 4, 5] and all(after[step] == before[step] for step in after)
+    else:
+        assert sorted(before) == [0, 2, 4] and sorted(after) == [3, 4]
+        assert after[3] == before[2] and after[4] == before[4]
+    assert len(set(map(tuple, after.values()))) > 1  # the rollouts differ from each other: the comparison can fail
 
 
 def test_a_model_only_checkpoint_is_refused_as_a_resume(tmp_path, checkpoints):
@@ -697,3 +706,78 @@ def test_a_model_only_checkpoint_is_refused_as_a_resume(tmp_path, checkpoints):
                                          r"Start a new run from its weights"):
         _trainer("erpo", tmp_path / "resumed", max_steps=2, resume_from_checkpoint=str(model_only))
     _trainer("erpo", tmp_path / "full", max_steps=2, resume_from_checkpoint=str(checkpoints["erpo"]))  # accepted
+
+
+def test_a_rollout_generated_again_keeps_the_runs_rollout_boundaries(tmp_path):
+    """A checkpoint inside a rollout without its rollout file: the resumed run generated that rollout again with its
+    micro-step counter at 0, so from then on it generated one rollout late (the next rollout's first step trained the
+    end of the old one). Now it generates that rollout again at once (the same prompts) and the next where the
+    uninterrupted run does."""
+    logged = {"whole": tmp_path / "whole.jsonl", "resumed": tmp_path / "resumed.jsonl"}
+
+    def erpo(name, out):
+        def prompt_logging_reward(completions, prompts, trainer_state, **kwargs):
+            with open(logged[name], "a") as f:
+                f.write(json.dumps({"step": trainer_state.global_step,
+                                    "prompts": [p[-1]["content"] for p in prompts]}) + "\n")
+            return text_reward(completions)
+
+        trainer_cls, config_cls = method_classes("erpo")
+        args = small_config(config_cls, out, **dict(SAVE, num_generations=2, max_steps=6, steps_per_generation=2))
+        return trainer_cls(model=DEFAULT_MODEL_PATH, reward_funcs=prompt_logging_reward, args=args,
+                           train_dataset=train_dataset(16))
+
+    erpo("whole", tmp_path / "whole").train()
+    old = tmp_path / "old" / "checkpoint-3"
+    shutil.copytree(tmp_path / "whole" / "checkpoint-3", old)
+    (old / "rollout_0.pt").unlink()
+    with pytest.warns(UserWarning, match=r"holds no rollout_0\.pt"):
+        erpo("resumed", tmp_path / "resumed").train(resume_from_checkpoint=str(old))
+    rollouts = {name: [json.loads(line) for line in path.read_text().splitlines()] for name, path in logged.items()}
+    before = {r["step"]: sorted(r["prompts"]) for r in rollouts["whole"]}
+    after = {r["step"]: sorted(r["prompts"]) for r in rollouts["resumed"]}
+    assert sorted(before) == [0, 2, 4] and sorted(after) == [3, 4]
+    assert after[3] == before[2] and after[4] == before[4] and before[2] != before[4]
+
+
+def test_dph_rehearsal_rows_per_step_are_kept_on_another_number_of_processes(tmp_path, checkpoints):
+    """DPH-RL's pef_batch_size is D_pef rows per micro-step per process: on another number of processes it may change
+    with the split of the batch, and D_pef's rows per optimizer step may not (the stream would drift)."""
+    from trl_variants._checkpoint import check_checkpoint_record
+
+    two = _record_on(checkpoints["dph"], tmp_path / "two" / "checkpoint-1", world_size=2, per_device_train_batch_size=2,
+                     pef_batch_size=1)  # 2 processes x 1 row: 2 D_pef rows a step
+    _, config_cls = method_classes("dph")
+    def config(pef_batch_size):
+        return small_config(config_cls, tmp_path, **dict(SAVE, num_presamples=4, pef_threshold=4,
+                                                         max_completion_length=40, pef_batch_size=pef_batch_size))
+
+    check_checkpoint_record(str(two), "DPHTrainer", config(2))  # 1 process x 2 rows: accepted
+    halved = config(1)
+    with pytest.raises(ValueError, match=r"pef_batch_size x processes x gradient_accumulation_steps is 2 in the "
+                                         r"checkpoint \(1 there\) and 1 in this run \(1\)"):
+        check_checkpoint_record(str(two), "DPHTrainer", halved)
+
+
+def test_the_same_backend_is_accepted_and_a_deepspeed_json_names_its_stage(tmp_path, checkpoints, monkeypatch):
+    from trl_variants._checkpoint import check_same_backend
+
+    args = small_config(method_classes("erpo")[1], tmp_path, **SAVE)
+    zero2 = as_zero2(_record_on(checkpoints["erpo"], tmp_path / "z2" / "checkpoint-1"))
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", "2")
+    check_same_backend(str(zero2), args)
+    monkeypatch.delenv("ACCELERATE_DEEPSPEED_ZERO_STAGE")  # accelerate launch with a deepspeed_config_file
+    ds_json = tmp_path / "ds.json"
+    ds_json.write_text(json.dumps({"zero_optimization": {"stage": 3}}))
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_CONFIG_FILE", str(ds_json))
+    with pytest.raises(ValueError, match=r"written under DeepSpeed ZeRO-1/2, and this run trains under DeepSpeed ZeRO-3"):
+        check_same_backend(str(zero2), args)
+    monkeypatch.delenv("ACCELERATE_USE_DEEPSPEED")
+    monkeypatch.delenv("ACCELERATE_DEEPSPEED_CONFIG_FILE")
+    fsdp = _record_on(checkpoints["erpo"], tmp_path / "fsdp" / "checkpoint-1")
+    (fsdp / "optimizer.pt").rename(fsdp / "optimizer.bin")
+    (fsdp / "pytorch_model_fsdp.bin").write_bytes(b"")
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    check_same_backend(str(fsdp), args)
+

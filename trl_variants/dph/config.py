@@ -94,6 +94,8 @@ class DPHConfig(DynamicSamplingConfig):
     # own fields a resume may change (_checkpoint.resume_fields): where the offline pass is cached (its key holds
     # what matters), an error instead of a fallback
     resume_free_fields = frozenset({"presample_cache_dir", "require_pef"})
+    # rows per micro-step per process: on another number of processes it may change, its global rows per step not
+    per_process_batch_fields = ("pef_batch_size",)
 
     def __post_init__(self):
         check_common(self)  # options TRL accepts but that fail after the model load
