@@ -66,7 +66,7 @@ RESUME_FIELDS = (
 
 
 # How the global batch is split over processes: a resume on another number of processes may change these when the
-# global batches stay the same (:func:`global_batches`); the prompts of each step are then the same.
+# global batches stay the same (:func:`global_batches`); the prompts of each rollout are then the same.
 LAYOUT_FIELDS = ("world_size", "per_device_train_batch_size", "gradient_accumulation_steps", "steps_per_generation")
 
 
@@ -131,10 +131,12 @@ def check_same_backend(checkpoint: str, args) -> None:
     """A checkpoint resumed under another backend than it was written with: transformers fails after the model load
     and the offline pass (FSDP's or DeepSpeed's files missing, a bare ``AssertionError`` between ZeRO stages), or,
     from DeepSpeed to DDP, loads the weights and skips the optimizer state without a word. Refused before the model
-    loads, naming both. So is a checkpoint without optimizer state (``save_only_model``), which transformers resumes
-    with the optimizer, the schedule and the random state started again."""
+    loads, naming both. So is a checkpoint of weights without optimizer state (``save_only_model``), which
+    transformers resumes with the optimizer, the schedule and the random state started again."""
     names = os.listdir(checkpoint)
-    if not any(name.startswith(("optimizer", "global_step", "pytorch_model_fsdp")) for name in names):
+    weights = any(name.endswith((".safetensors", ".bin")) and name.startswith(("model", "pytorch_model", "adapter_model"))
+                  for name in names)
+    if weights and not any(name.startswith(("optimizer", "global_step", "pytorch_model_fsdp")) for name in names):
         raise ValueError(
             f"checkpoint {checkpoint} holds no optimizer state (saved with save_only_model=True): transformers would "
             "resume it with Adam's moments, the learning-rate schedule (its warmup included) and the random state "
@@ -339,7 +341,7 @@ class CheckpointStateMixin:
         save_rollout(self, output_dir, self.args.process_index)
         self.accelerator.wait_for_everyone()
 
-    def _restore_rollout(self, checkpoint: str, written_on: int | None = None) -> None:
+    def _restore_rollout(self, checkpoint: str, step: int, written_on: int | None = None) -> None:
         """The rollout a checkpoint inside a rollout holds for each process, back in memory (:func:`load_rollout`).
         Every process does the same: where one process has no file, none restores (each would otherwise generate or
         not on its own, and the collective calls of generation would wait forever). Without a rollout the run
@@ -347,8 +349,7 @@ class CheckpointStateMixin:
         micro-step counter where transformers resumes the data (inside a rollout, the dataloader stands in that
         rollout's repeated batches: a counter at 0 generated one rollout late from then on), said when the checkpoint
         is inside a rollout. A checkpoint of another number of processes is read by none (each file holds
-        one process's share of the rollout: ``written_on``, its number of processes)."""
-        step = TrainerState.load_from_json(os.path.join(checkpoint, TRAINER_STATE_NAME)).global_step
+        one process's share of the rollout: ``written_on``, its number of processes). ``step``: the checkpoint's."""
         saved = load_rollout(checkpoint, self.args.process_index, self.accelerator.device, step) \
             if written_on is None else None
         if self.args.world_size > 1:
@@ -360,7 +361,7 @@ class CheckpointStateMixin:
                      % (self.args.steps_per_generation * self.num_iterations), None)
         self._step, self._buffered_inputs = saved
         if saved[1] is None and self.args.process_index == 0:
-            warn_resume_inside_a_rollout(checkpoint, self.args, type(self).__name__, written_on)
+            warn_resume_inside_a_rollout(checkpoint, step, self.args, type(self).__name__, written_on)
 
     def _load_extra_state(self, state: dict) -> None:
         if state:
@@ -376,12 +377,12 @@ class CheckpointStateMixin:
             if resume_from_checkpoint is True:
                 resume_from_checkpoint = self._last_complete_checkpoint()
             moved = other_processes(self._restore_record(resume_from_checkpoint), self.args)
+            start_step = TrainerState.load_from_json(os.path.join(resume_from_checkpoint, TRAINER_STATE_NAME)).global_step
             if self.args.process_index == 0:
                 print(resume_line(type(self).__name__, resume_from_checkpoint, self.args.max_steps))
                 if moved:
                     warn_other_processes(resume_from_checkpoint, moved, self.args, type(self).__name__)
-            self._restore_rollout(resume_from_checkpoint, moved[0] if moved else None)
-            start_step = TrainerState.load_from_json(os.path.join(resume_from_checkpoint, TRAINER_STATE_NAME)).global_step
+            self._restore_rollout(resume_from_checkpoint, start_step, moved[0] if moved else None)
         token = _TRAINING.set(self)
         try:
             output = super().train(resume_from_checkpoint, *args, **kwargs)
@@ -495,11 +496,11 @@ def resume_line(trainer_name: str, checkpoint: str, max_steps: int) -> str:
     return f"{trainer_name}: resuming from {checkpoint} (after step {step}; training continues{until})"
 
 
-def warn_resume_inside_a_rollout(checkpoint: str, args, trainer_name: str, processes: int | None = None) -> None:
+def warn_resume_inside_a_rollout(checkpoint: str, step: int, args, trainer_name: str,
+                                 processes: int | None = None) -> None:
     """A checkpoint saved inside a rollout without the rollout (:func:`save_rollout`: an older trl_variants, or a
     file lost), or written on another number of ``processes``, said before training goes on: that rollout is
-    generated again."""
-    step = TrainerState.load_from_json(os.path.join(checkpoint, TRAINER_STATE_NAME)).global_step
+    generated again. ``step``: the checkpoint's."""
     if inside_a_rollout(step, args):
         k = rollout_steps(args)
         why = (f"was written on {processes} process(es), whose rollout files hold one process's share each"
@@ -549,7 +550,6 @@ def check_checkpoint_record(checkpoint: str, trainer_name: str, args) -> dict:
     if record["trainer"] != trainer_name:
         raise ValueError(f"checkpoint {checkpoint} was written by {record['trainer']}; resume it with "
                          f"{record['trainer']}, or start a new run without resume_from_checkpoint")
-    check_same_backend(checkpoint, args)
     mine, theirs = resume_fields(args), record.get("config", {})
     inert = getattr(type(args), "inert_fields", None)  # fields that change nothing in both runs are not compared
     skip = inert(mine) & inert(theirs) if inert else set()
@@ -593,4 +593,5 @@ def check_checkpoint_record(checkpoint: str, trainer_name: str, args) -> dict:
             f"checkpoint {checkpoint} was written with other settings ({lines}). A resume continues the same run: "
             f"set {', '.join(changed)} back to the checkpoint's value(s), or start a new run without "
             f"resume_from_checkpoint (model={checkpoint!r} starts it from those weights)")
+    check_same_backend(checkpoint, args)
     return record
