@@ -36,7 +36,6 @@ import contextvars
 import dataclasses
 import enum
 import json
-import math
 import os
 import re
 import warnings
@@ -48,7 +47,16 @@ from transformers.trainer_callback import ExportableState
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOConfig
 
-from ._numerics import uses_deepspeed, uses_fsdp
+from ._checkpoint_layout import (
+    LAYOUT_FIELDS,
+    check_same_backend,
+    global_batches,
+    other_processes,
+    per_process_fields,
+    warn_other_processes,
+)
+from ._numerics import uses_deepspeed
+from ._rollout_state import load_rollout, save_rollout, warn_resume_inside_a_rollout
 from ._validation import check_trained_a_step
 
 RECORD_FORMAT = 1
@@ -63,96 +71,6 @@ RESUME_FIELDS = (
     "beta", "loss_type", "epsilon", "epsilon_high", "scale_rewards", "reward_weights",
     "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_completion_length",
 )
-
-
-# How the global batch is split over processes: a resume on another number of processes may change these when the
-# global batches stay the same (:func:`global_batches`); the prompts of each rollout are then the same.
-LAYOUT_FIELDS = ("world_size", "per_device_train_batch_size", "gradient_accumulation_steps", "steps_per_generation")
-
-
-def per_process_fields(config_cls) -> tuple[str, ...]:
-    """A trainer's own rows per micro-step per process (DPH-RL's ``pef_batch_size``): what each config class in its
-    bases declares as ``per_process_batch_fields``. On another number of processes they may change with the split of
-    the batch, and their global rows per optimizer step may not."""
-    return tuple(dict.fromkeys(name for cls in config_cls.__mro__
-                               for name in vars(cls).get("per_process_batch_fields", ())))
-
-
-def global_batches(fields: dict, own: tuple[str, ...] = ()) -> tuple[int, ...]:
-    """``(completions per optimizer step, completions per rollout, then each of ``own``'s rows per optimizer step)``
-    of a record's or a run's :func:`resume_fields`."""
-    rows = fields["per_device_train_batch_size"] * fields["world_size"]
-    per_step = fields["world_size"] * fields["gradient_accumulation_steps"]
-    return (rows * fields["gradient_accumulation_steps"], rows * fields["steps_per_generation"],
-            *(fields[name] * per_step for name in own))
-
-
-def other_processes(record: dict, args) -> tuple[int, int] | None:
-    """``(the checkpoint's processes, this run's)`` when a resume continues on another number of processes, else
-    None."""
-    theirs = record.get("config", {}).get("world_size", args.world_size)
-    return (theirs, args.world_size) if theirs != args.world_size else None
-
-
-def checkpoint_backend(checkpoint: str) -> str | None:
-    """The backend whose optimizer state ``checkpoint`` holds, read from the files transformers writes: DeepSpeed's
-    ``global_step<N>/`` (ZeRO-3 when it has per-process model states), FSDP's ``pytorch_model_fsdp*``, a plain
-    ``optimizer.pt`` (DDP or one process); None without optimizer state (``save_only_model``)."""
-    names = os.listdir(checkpoint)
-    steps = [name for name in names if name.startswith("global_step") and os.path.isdir(os.path.join(checkpoint, name))]
-    if steps:
-        per_process = any(f.startswith("zero_pp_rank_") and f.endswith("_model_states.pt")
-                          for step in steps for f in os.listdir(os.path.join(checkpoint, step)))
-        return "DeepSpeed ZeRO-3" if per_process else "DeepSpeed ZeRO-1/2"
-    if any(name.startswith("pytorch_model_fsdp") for name in names):
-        return "FSDP"
-    return "DDP or one process" if "optimizer.pt" in names else None
-
-
-def run_backend(args) -> str:
-    """The backend this run trains under, in :func:`checkpoint_backend`'s words (``DeepSpeed`` when its ZeRO stage is
-    not known before the accelerator exists)."""
-    if uses_deepspeed(args):
-        stage = os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE")  # accelerate launch, zero_stage in its config
-        # a DeepSpeed JSON: the training config's, or the one accelerate launch's deepspeed_config_file names
-        config = getattr(args, "deepspeed", None) or os.environ.get("ACCELERATE_DEEPSPEED_CONFIG_FILE")
-        if stage is None and isinstance(config, str) and os.path.isfile(config):
-            with open(config) as f:
-                config = json.load(f)
-        if stage is None and isinstance(config, dict):
-            stage = config.get("zero_optimization", {}).get("stage")
-        if str(stage).strip() in ("0", "1", "2", "3"):
-            return "DeepSpeed ZeRO-3" if str(stage).strip() == "3" else "DeepSpeed ZeRO-1/2"
-        return "DeepSpeed"
-    return "FSDP" if uses_fsdp(args) else "DDP or one process"
-
-
-def check_same_backend(checkpoint: str, args) -> None:
-    """A checkpoint resumed under another backend than it was written with: transformers fails after the model load
-    and the offline pass (FSDP's or DeepSpeed's files missing, a bare ``AssertionError`` between ZeRO stages), or,
-    from DeepSpeed to DDP, loads the weights and skips the optimizer state without a word. Refused before the model
-    loads, naming both. So is a checkpoint of weights without optimizer state (``save_only_model``), which
-    transformers resumes with the optimizer, the schedule and the random state started again."""
-    names = os.listdir(checkpoint)
-    weights = any(name.endswith((".safetensors", ".bin")) and name.startswith(("model", "pytorch_model", "adapter_model"))
-                  for name in names)
-    if weights and not any(name.startswith(("optimizer", "global_step", "pytorch_model_fsdp")) for name in names):
-        raise ValueError(
-            f"checkpoint {checkpoint} holds no optimizer state (saved with save_only_model=True): transformers would "
-            "resume it with Adam's moments, the learning-rate schedule (its warmup included) and the random state "
-            f"started again, without a word. Start a new run from its weights (model={checkpoint!r}), or save full "
-            "checkpoints (save_only_model=False) for runs you may resume")
-    written, running = checkpoint_backend(checkpoint), run_backend(args)
-    if written is None or written == running or (running == "DeepSpeed" and written.startswith("DeepSpeed")):
-        return
-    what = ("transformers would load its weights and start the optimizer state (Adam's moments) again without a "
-            "word" if written.startswith("DeepSpeed") and running == "DDP or one process" else
-            "transformers cannot read its optimizer state, and fails after the model load")
-    raise ValueError(
-        f"checkpoint {checkpoint} was written under {written}, and this run trains under {running}: {what}. Resume "
-        "with the backend it was written with (the same accelerate launch --config_file, or the same deepspeed / fsdp "
-        f"option of the training config), or start a new run from its weights (model={checkpoint!r}; the optimizer "
-        "state and the schedule start again)")
 
 
 def free_fields(config_cls) -> frozenset[str]:
@@ -414,115 +332,11 @@ class CheckpointStateMixin:
         return record
 
 
-def rollout_steps(args) -> int:
-    """The smallest number of optimizer steps that always ends on a rollout boundary: GRPOTrainer generates once
-    every ``steps_per_generation x num_iterations`` micro-steps, ``gradient_accumulation_steps`` to an optimizer
-    step."""
-    every = args.steps_per_generation * args.num_iterations
-    return every // math.gcd(every, args.gradient_accumulation_steps)
-
-
-def inside_a_rollout(step: int, args) -> bool:
-    """Whether optimizer step ``step`` ends inside a rollout: the rollout's later micro-batches are still to train,
-    and a checkpoint saved there holds them (:func:`save_rollout`)."""
-    return step % rollout_steps(args) != 0
-
-
-ROLLOUT_FORMAT = 1
-
-
-def rollout_file(checkpoint: str, process_index: int) -> str:
-    """Where process ``process_index`` keeps its rollout in ``checkpoint`` (beside transformers' per-process
-    ``rng_state_<i>.pth``)."""
-    return os.path.join(checkpoint, f"rollout_{process_index}.pt")
-
-
-def _moved(value, device):
-    """``value`` (tensors in dicts, lists and tuples) with every tensor on ``device``."""
-    if isinstance(value, torch.Tensor):
-        return value.to(device)
-    if isinstance(value, dict):
-        return {k: _moved(v, device) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(_moved(v, device) for v in value)
-    return value
-
-
-def save_rollout(trainer, checkpoint: str, process_index: int) -> None:
-    """Writes this process's rollout in memory into ``checkpoint`` when it is saved inside a rollout.
-
-    GRPOTrainer generates once every ``steps_per_generation x num_iterations`` micro-steps and trains the micro-batches
-    of that rollout from memory (``_buffered_inputs``, indexed by its micro-step counter ``_step``). transformers'
-    checkpoint does not hold them, so a run resumed inside a rollout generated it again: other completions, other
-    weights than the uninterrupted run. The file holds both (tensors on the CPU); a checkpoint between rollouts needs
-    neither, and a stale file of an earlier run in the same folder is removed. Written atomically (a temporary file
-    renamed), every process its own."""
-    path = rollout_file(checkpoint, process_index)
-    every = trainer.args.steps_per_generation * trainer.num_iterations
-    if trainer._buffered_inputs is None or trainer._step % every == 0:
-        if os.path.exists(path):
-            os.remove(path)
-        return
-    os.makedirs(checkpoint, exist_ok=True)
-    payload = {"format": ROLLOUT_FORMAT, "global_step": trainer.state.global_step, "step": trainer._step,
-               "buffered_inputs": _moved(trainer._buffered_inputs, "cpu")}
-    torch.save(payload, path + ".tmp")
-    os.replace(path + ".tmp", path)
-
-
-def load_rollout(checkpoint: str, process_index: int, device, global_step: int) -> tuple[int, list] | None:
-    """``(micro-step, rollout)`` as :func:`save_rollout` wrote them for this process, tensors on ``device``; None when
-    the checkpoint holds none (saved between rollouts, or by a trl_variants before this file existed), and, with a
-    warning, when the file was saved at another step than the checkpoint's ``global_step`` (a file left in the folder
-    by another run)."""
-    path = rollout_file(checkpoint, process_index)
-    if not os.path.isfile(path):
-        return None
-    saved = torch.load(path, map_location="cpu", weights_only=True)
-    if saved.get("format", ROLLOUT_FORMAT) > ROLLOUT_FORMAT:
-        raise ValueError(f"{path} was written by a newer trl_variants (rollout format {saved['format']}, this version "
-                         f"reads {ROLLOUT_FORMAT}): resume it with that version")
-    if saved.get("global_step") != global_step:
-        warnings.warn(f"{path} was saved after step {saved.get('global_step')}, but {checkpoint} after step "
-                      f"{global_step} (a file of another run left in that folder): it is not used", stacklevel=3)
-        return None
-    return saved["step"], _moved(saved["buffered_inputs"], device)
-
-
 def resume_line(trainer_name: str, checkpoint: str, max_steps: int) -> str:
     """What a resumed run says first: the checkpoint and the step training continues from."""
     step = TrainerState.load_from_json(os.path.join(checkpoint, TRAINER_STATE_NAME)).global_step
     until = f" to step {max_steps}" if max_steps and max_steps > 0 else ""
     return f"{trainer_name}: resuming from {checkpoint} (after step {step}; training continues{until})"
-
-
-def warn_resume_inside_a_rollout(checkpoint: str, step: int, args, trainer_name: str,
-                                 processes: int | None = None) -> None:
-    """A checkpoint saved inside a rollout without the rollout (:func:`save_rollout`: an older trl_variants, or a
-    file lost), or written on another number of ``processes``, said before training goes on: that rollout is
-    generated again. ``step``: the checkpoint's."""
-    if inside_a_rollout(step, args):
-        k = rollout_steps(args)
-        why = (f"was written on {processes} process(es), whose rollout files hold one process's share each"
-               if processes else f"holds no {os.path.basename(rollout_file(checkpoint, args.process_index))} with "
-               "that rollout (written before trl_variants kept rollouts in checkpoints, or removed)")
-        warnings.warn(
-            f"{trainer_name}: {checkpoint} was saved after step {step}, inside a rollout (rollouts end on multiples of "
-            f"{k} optimizer steps), and {why}: this run generates the rollout again and its steps up to "
-            f"{(step // k + 1) * k} train on other completions than the uninterrupted run. For an exact resume use a "
-            f"checkpoint at a multiple of {k} (e.g. checkpoint-{step // k * k})",
-            stacklevel=3)
-
-
-def warn_other_processes(checkpoint: str, processes: tuple[int, int], args, trainer_name: str) -> None:
-    """A resume on another number of processes (:func:`other_processes`), said before training goes on."""
-    per_step, per_rollout = global_batches({name: getattr(args, name) for name in LAYOUT_FIELDS})
-    warnings.warn(
-        f"{trainer_name}: {checkpoint} was written on {processes[0]} process(es) and this run has {processes[1]}. The "
-        f"global batch is the same ({per_step} completions per optimizer step, {per_rollout} per rollout), and so are "
-        "the prompts of every rollout; their completions are sampled anew (each process has its own random state), "
-        "and where a rollout spans several optimizer steps its prompts are split over them anew, so the run "
-        "continues the same training but not bit for bit as the uninterrupted one", stacklevel=3)
 
 
 def check_checkpoint_record(checkpoint: str, trainer_name: str, args) -> dict:

@@ -255,7 +255,7 @@ def test_eepo_recipe_has_the_papers_kl_and_entropy_coefficients(bf16_anywhere):
 def test_every_recipe_checkpoint_falls_between_rollouts(path):
     """Every recipe's save_steps is a multiple of its optimizer steps per rollout: its checkpoints need no rollout of
     their own (a checkpoint inside a rollout carries each process's micro-batches still to train)."""
-    from trl_variants._checkpoint import inside_a_rollout, rollout_steps
+    from trl_variants._rollout_state import inside_a_rollout, rollout_steps
 
     _, args, _ = parse_recipe(path)
     if str(getattr(args.save_strategy, "value", args.save_strategy)) == "steps":

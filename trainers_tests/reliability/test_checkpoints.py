@@ -17,7 +17,7 @@ import transformers.trainer
 from transformers import TrainerState
 
 from trl_variants import EEPOConfig, EEPOTrainer, accuracy_reward
-from trl_variants._checkpoint import TrlVariantsCheckpoint
+from trl_variants._checkpoint import TrlVariantsCheckpoint, check_checkpoint_record
 from trl_variants.registry import method_classes
 
 from ..helpers import DEFAULT_MODEL_PATH, run_two_ranks, small_config, train_dataset
@@ -560,11 +560,21 @@ def test_another_number_of_processes_resumes_when_the_global_batch_is_kept(tmp_p
                                          r"completions per optimizer step and 8 per rollout.*this run's 4 and 4\. Set "
                                          r"gradient_accumulation_steps and steps_per_generation"):
         _trainer("erpo", tmp_path / "refused", max_steps=2, resume_from_checkpoint=str(other))
-    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    args = _erpo_args(tmp_path / "deepspeed")
     as_zero2(two)
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")  # as accelerate launch sets it (read by the check alone)
     with pytest.raises(ValueError, match=r"written on 2 process\(es\), this run has 1, under DeepSpeed: .*Resume on 2 "
                                          r"process\(es\).*DDP or FSDP2"):
-        _trainer("erpo", tmp_path / "deepspeed", max_steps=2, resume_from_checkpoint=str(two))
+        check_checkpoint_record(str(two), "ERPOTrainer", args)
+
+
+def _erpo_args(out: Path):
+    """The config ``_trainer("erpo", out, max_steps=2)`` builds, with its devices set up (``world_size``) before a test
+    sets a launcher's variables: a config built under ``ACCELERATE_USE_DEEPSPEED`` / ``ACCELERATE_USE_FSDP`` would set
+    up DeepSpeed or FSDP state that outlives the test in its worker. The checks read those variables themselves."""
+    args = small_config(method_classes("erpo")[1], out, **dict(SAVE, output_dir=str(out), max_steps=2))
+    assert args.world_size == 1
+    return args
 
 
 def as_zero2(checkpoint: Path, zero3: bool = False) -> Path:
@@ -610,15 +620,20 @@ def test_a_checkpoint_resumed_under_another_backend_is_refused_before_the_model_
     if written == "fsdp":  # FSDP2 with FULL_STATE_DICT: pytorch_model_fsdp.bin and optimizer.bin
         (copy / "optimizer.pt").rename(copy / "optimizer.bin")
         (copy / "pytorch_model_fsdp.bin").write_bytes(b"")
-    for name, value in running.items():
-        monkeypatch.setenv(name, value)
+    said += r".*Resume with the backend it was written with \(the same accelerate launch --config_file"
+    if running:  # the check a trainer runs first at construction, under the launcher's variables
+        args = _erpo_args(tmp_path / "resumed")
+        for name, value in running.items():
+            monkeypatch.setenv(name, value)
+        with pytest.raises(ValueError, match=said):
+            check_checkpoint_record(str(copy), "ERPOTrainer", args)
+        return
 
     def fail(cls, *args, **kwargs):
         raise AssertionError("the model was loaded before the checkpoint was refused")
 
     monkeypatch.setattr(PreTrainedModel, "from_pretrained", classmethod(fail))
-    with pytest.raises(ValueError, match=said + r".*Resume with the backend it was written with \(the same "
-                                               r"accelerate launch --config_file"):
+    with pytest.raises(ValueError, match=said):
         _trainer("erpo", tmp_path / "resumed", max_steps=2, resume_from_checkpoint=str(copy))
 
 
@@ -658,7 +673,7 @@ def _prompts_per_step(out: Path) -> dict[int, list[str]]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("spg", [1, 2], ids=["a-rollout-a-step", "a-rollout-two-steps"])
-def test_two_processes_resumed_on_one_train_the_same_prompts(tmp_path, monkeypatch, spg):
+def test_two_processes_resumed_on_one_train_the_same_prompts(tmp_path, spg):
     """2 gloo processes x 2 rows a step, checkpoint-3 (inside the second epoch), resumed on 1 process x 2 rows x
     gradient_accumulation_steps 2 (and twice the steps_per_generation): every later rollout has the same prompts as
     the uninterrupted run's, generated at the same step (their completions differ: each process had its own random
@@ -672,7 +687,6 @@ def test_two_processes_resumed_on_one_train_the_same_prompts(tmp_path, monkeypat
     run_two_ranks(script, 29571 + spg, timeout=400)
     resumed = tmp_path / "resumed"
     resumed.mkdir()
-    monkeypatch.setenv("RANK", "0")
 
     def prompt_logging_reward(completions, prompts, trainer_state, **kwargs):
         with open(resumed / "prompts_0.jsonl", "a") as f:
@@ -743,8 +757,6 @@ def test_a_rollout_generated_again_keeps_the_runs_rollout_boundaries(tmp_path):
 def test_dph_rehearsal_rows_per_step_are_kept_on_another_number_of_processes(tmp_path, checkpoints):
     """DPH-RL's pef_batch_size is D_pef rows per micro-step per process: on another number of processes it may change
     with the split of the batch, and D_pef's rows per optimizer step may not (the stream would drift)."""
-    from trl_variants._checkpoint import check_checkpoint_record
-
     two = _record_on(checkpoints["dph"], tmp_path / "two" / "checkpoint-1", world_size=2, per_device_train_batch_size=2,
                      pef_batch_size=1)  # 2 processes x 1 row: 2 D_pef rows a step
     _, config_cls = method_classes("dph")
@@ -760,9 +772,9 @@ def test_dph_rehearsal_rows_per_step_are_kept_on_another_number_of_processes(tmp
 
 
 def test_the_same_backend_is_accepted_and_a_deepspeed_json_names_its_stage(tmp_path, checkpoints, monkeypatch):
-    from trl_variants._checkpoint import check_same_backend
+    from trl_variants._checkpoint_layout import check_same_backend
 
-    args = small_config(method_classes("erpo")[1], tmp_path, **SAVE)
+    args = _erpo_args(tmp_path)
     zero2 = as_zero2(_record_on(checkpoints["erpo"], tmp_path / "z2" / "checkpoint-1"))
     monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
     monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", "2")
