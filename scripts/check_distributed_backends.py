@@ -326,7 +326,11 @@ def smoke_flags(recipe: Path) -> dict[str, str]:
     """The ``--flag value`` pairs of a recipe's ``# smoke:`` command (the last value of each)."""
     from trainers_tests.examples.test_recipe_start import smoke_argv
 
-    argv = smoke_argv(recipe)
+    return flag_values(smoke_argv(recipe))
+
+
+def flag_values(argv: list[str]) -> dict[str, str]:
+    """The ``--flag value`` pairs of ``argv`` (the last value of each)."""
     return {a: b for a, b in zip(argv, argv[1:], strict=False) if a.startswith("--")}
 
 
@@ -365,8 +369,7 @@ def extra_names(stem: str, flag: str, extra: str) -> tuple[str, str]:
 def same_batch_on(processes: int, smoke: dict[str, str], extra: str) -> list[str]:
     """The batch flags that keep the smoke command's global batch (2 processes) on ``processes``: 1 doubles
     ``gradient_accumulation_steps`` and ``steps_per_generation``, 4 halves ``per_device_train_batch_size``."""
-    given = {**smoke, **{a: b for a, b in zip(shlex.split(extra), shlex.split(extra)[1:], strict=False)
-                         if a.startswith("--")}}
+    given = {**smoke, **flag_values(shlex.split(extra))}
     if processes == 2:
         return []
     if processes == 1:

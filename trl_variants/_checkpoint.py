@@ -48,14 +48,11 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOConfig
 
 from ._checkpoint_layout import (
-    LAYOUT_FIELDS,
+    check_other_processes,
     check_same_backend,
-    global_batches,
     other_processes,
-    per_process_fields,
     warn_other_processes,
 )
-from ._numerics import uses_deepspeed
 from ._rollout_state import load_rollout, save_rollout, warn_resume_inside_a_rollout
 from ._validation import check_trained_a_step
 
@@ -342,10 +339,10 @@ def resume_line(trainer_name: str, checkpoint: str, max_steps: int) -> str:
 def check_checkpoint_record(checkpoint: str, trainer_name: str, args) -> dict:
     """The record of ``checkpoint`` (see the module docstring), after checking that the checkpoint is complete and was
     written by ``trainer_name`` with the same :func:`resume_fields` as ``args``; raises naming what differs and the
-    fix. On another number of processes the split of the batch (:data:`LAYOUT_FIELDS`) may differ when the global
-    batches do not (:func:`global_batches`), except under DeepSpeed, which loads its partitioned optimizer state only
-    on the same number; the backend may not change (:func:`check_same_backend`). Reads only ``trainer_state.json``: a trainer runs it at construction (before the model load and any offline
-    pass, :meth:`CheckpointStateMixin.__init__`) and again at ``train()``, where the algorithm state is restored."""
+    fix. On another number of processes the split of the batch may differ when the global batches do not
+    (:func:`~trl_variants._checkpoint_layout.check_other_processes`); the backend may not change
+    (:func:`~trl_variants._checkpoint_layout.check_same_backend`). Reads ``trainer_state.json`` and the checkpoint's
+    file names: a trainer runs it at construction (before the model load and any offline pass, :meth:`CheckpointStateMixin.__init__`) and again at ``train()``, where the algorithm state is restored."""
     problem = checkpoint_problem(checkpoint)
     if problem is not None:
         raise ValueError(f"cannot resume from {checkpoint}: {problem}. Resume from the previous checkpoint, or pass "
@@ -368,39 +365,7 @@ def check_checkpoint_record(checkpoint: str, trainer_name: str, args) -> dict:
     inert = getattr(type(args), "inert_fields", None)  # fields that change nothing in both runs are not compared
     skip = inert(mine) & inert(theirs) if inert else set()
     changed = [name for name in mine if name in theirs and name not in skip and mine[name] != theirs[name]]
-    own = tuple(name for name in per_process_fields(type(args)) if name in mine and name in theirs)
-    if "world_size" in changed and all(name in theirs for name in LAYOUT_FIELDS):
-        # another number of processes: the split of the batch may change, the global batches may not
-        if global_batches(mine, own) != global_batches(theirs, own):
-            (a, b, *x), (c, d, *y) = global_batches(theirs, own), global_batches(mine, own)
-            if (a, b) == (c, d):  # a trainer's own rows per step differ
-                raise ValueError(
-                    f"checkpoint {checkpoint} was written on {theirs['world_size']} process(es), this run has "
-                    f"{mine['world_size']}: a resume on another number of processes keeps every global batch, but "
-                    + "; ".join(f"{name} x processes x gradient_accumulation_steps is {p} in the checkpoint "
-                                f"({theirs[name]} there) and {q} in this run ({mine[name]})"
-                                for name, p, q in zip(own, x, y, strict=True) if p != q)
-                    + f". Set it so that the products are equal, or resume on {theirs['world_size']} process(es)")
-            raise ValueError(
-                f"checkpoint {checkpoint} was written on {theirs['world_size']} process(es), this run has "
-                f"{mine['world_size']}: a resume on another number of processes keeps the global batch, but the "
-                f"checkpoint's is {a} completions per optimizer step and {b} per rollout (per_device_train_batch_size "
-                f"{theirs['per_device_train_batch_size']} x {theirs['world_size']} process(es) x "
-                f"gradient_accumulation_steps {theirs['gradient_accumulation_steps']} / x steps_per_generation "
-                f"{theirs['steps_per_generation']}), this run's {c} and {d}. Set gradient_accumulation_steps and "
-                "steps_per_generation (or per_device_train_batch_size) so that both products are the checkpoint's "
-                "(trl-variants train does this for a shipped recipe unless --keep_recipe_batch false), or resume on "
-                f"{theirs['world_size']} process(es)")
-        if uses_deepspeed(args):
-            raise ValueError(
-                f"checkpoint {checkpoint} was written on {theirs['world_size']} process(es), this run has "
-                f"{mine['world_size']}, under DeepSpeed: DeepSpeed partitions the optimizer state by process and "
-                "loads it only on the same number (its universal checkpoints need state that transformers does not "
-                f"save). Resume on {theirs['world_size']} process(es); or start a new run from the checkpoint's "
-                f"weights (model={checkpoint!r}; the optimizer state and the schedule start again); a run that may "
-                "have to continue on another number of processes can train under DDP or FSDP2, which resume on any "
-                "number with the same global batch")
-        changed = [name for name in changed if name not in LAYOUT_FIELDS and name not in own]
+    changed = check_other_processes(checkpoint, changed, mine, theirs, args)
     if changed:
         lines = "; ".join(f"{name}: checkpoint {theirs[name]!r}, this run {mine[name]!r}" for name in changed)
         raise ValueError(

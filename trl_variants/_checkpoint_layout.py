@@ -43,6 +43,47 @@ def other_processes(record: dict, args) -> tuple[int, int] | None:
     return (theirs, args.world_size) if theirs != args.world_size else None
 
 
+def check_other_processes(checkpoint: str, changed: list[str], mine: dict, theirs: dict, args) -> list[str]:
+    """``changed`` (the :func:`~trl_variants._checkpoint.resume_fields` that differ between this run, ``mine``, and the
+    checkpoint's record, ``theirs``) less the split of the batch, when the checkpoint was written on another number of
+    processes and every global batch is the checkpoint's (:func:`global_batches`, a trainer's own
+    :func:`per_process_fields` included); raises naming the products and the fix when one is not, and under
+    DeepSpeed, which loads its partitioned optimizer state only on the same number of processes."""
+    own = tuple(name for name in per_process_fields(type(args)) if name in mine and name in theirs)
+    if "world_size" not in changed or not all(name in theirs for name in LAYOUT_FIELDS):
+        return changed
+    if global_batches(mine, own) != global_batches(theirs, own):
+        (a, b, *x), (c, d, *y) = global_batches(theirs, own), global_batches(mine, own)
+        if (a, b) == (c, d):  # a trainer's own rows per step differ
+            raise ValueError(
+                f"checkpoint {checkpoint} was written on {theirs['world_size']} process(es), this run has "
+                f"{mine['world_size']}: a resume on another number of processes keeps every global batch, but "
+                + "; ".join(f"{name} x processes x gradient_accumulation_steps is {p} in the checkpoint "
+                            f"({theirs[name]} there) and {q} in this run ({mine[name]})"
+                            for name, p, q in zip(own, x, y, strict=True) if p != q)
+                + f". Set it so that the products are equal, or resume on {theirs['world_size']} process(es)")
+        raise ValueError(
+            f"checkpoint {checkpoint} was written on {theirs['world_size']} process(es), this run has "
+            f"{mine['world_size']}: a resume on another number of processes keeps the global batch, but the "
+            f"checkpoint's is {a} completions per optimizer step and {b} per rollout (per_device_train_batch_size "
+            f"{theirs['per_device_train_batch_size']} x {theirs['world_size']} process(es) x "
+            f"gradient_accumulation_steps {theirs['gradient_accumulation_steps']} / x steps_per_generation "
+            f"{theirs['steps_per_generation']}), this run's {c} and {d}. Set gradient_accumulation_steps and "
+            "steps_per_generation (or per_device_train_batch_size) so that both products are the checkpoint's "
+            "(trl-variants train does this for a shipped recipe unless --keep_recipe_batch false), or resume on "
+            f"{theirs['world_size']} process(es)")
+    if uses_deepspeed(args):
+        raise ValueError(
+            f"checkpoint {checkpoint} was written on {theirs['world_size']} process(es), this run has "
+            f"{mine['world_size']}, under DeepSpeed: DeepSpeed partitions the optimizer state by process and "
+            "loads it only on the same number (its universal checkpoints need state that transformers does not "
+            f"save). Resume on {theirs['world_size']} process(es); or start a new run from the checkpoint's "
+            f"weights (model={checkpoint!r}; the optimizer state and the schedule start again); a run that may "
+            "have to continue on another number of processes can train under DDP or FSDP2, which resume on any "
+            "number with the same global batch")
+    return [name for name in changed if name not in LAYOUT_FIELDS and name not in own]
+
+
 def checkpoint_backend(checkpoint: str) -> str | None:
     """The backend whose optimizer state ``checkpoint`` holds, read from the files transformers writes: DeepSpeed's
     ``global_step<N>/`` (ZeRO-3 when it has per-process model states), FSDP's ``pytorch_model_fsdp*``, a plain

@@ -64,7 +64,6 @@ def save_rollout(trainer, checkpoint: str, process_index: int) -> None:
         if os.path.exists(path):
             os.remove(path)
         return
-    os.makedirs(checkpoint, exist_ok=True)
     payload = {"format": ROLLOUT_FORMAT, "global_step": trainer.state.global_step, "step": trainer._step,
                "buffered_inputs": _moved(trainer._buffered_inputs, "cpu")}
     torch.save(payload, path + ".tmp")
