@@ -90,10 +90,11 @@ def merged(path: Path, rows: list[dict]) -> list[dict]:
     return rows
 
 
-def write_table(path: Path, title: str, flag: str, note: str, rows: list[dict], columns: dict) -> None:
+def write_table(path: Path, title: str, flag: str, note: str, rows: list[dict], columns: dict,
+                script: str = "check_distributed_backends.py") -> None:
     """``path``: a markdown table of ``rows``, one column per (header, cell function) of ``columns`` between the
     trainer and backend and the error; printed too."""
-    command = f"python scripts/check_distributed_backends.py{' ' + flag if flag else ''}"
+    command = f"python scripts/{script}{' ' + flag if flag else ''}"
     lines = [f"# {title}", "", f"Made by `{command}` ({time.strftime('%Y-%m-%d')}); see docs/distributed.md."
              + (f" {note}" if note else ""), "",
              "| " + " | ".join(["trainer", "backend", *columns, "error"]) + " |", "|---" * (len(columns) + 3) + "|"]

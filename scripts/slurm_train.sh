@@ -22,11 +22,12 @@
 #                          and the trainers use vllm_mode=server
 #   VLLM_TP, VLLM_PORT, VLLM_GPU_MEMORY_UTILIZATION   the server's tensor parallel size (1), port (8000), memory (0.9)
 # A recipe's header names the process count its batch arithmetic is written for (`# processes: 8`). On another
-# count the global batch would change, so the launcher divides gradient_accumulation_steps and steps_per_generation
-# (or else the per-device batch sizes) by the ratio, says so, and refuses where no whole division keeps the numbers;
-# batch flags passed on the command line turn this off. The trainer would rescale the same way by itself; it sees the
-# flags added here as batch flags set on the command line and keeps them, so the batch is rescaled once, here, and
-# printed before the job starts. docs/distributed.md, "Several nodes", explains all of it.
+# count the global batch would change, so the launcher rescales gradient_accumulation_steps and steps_per_generation
+# (or else, on more processes, the per-device batch sizes) by the ratio, with the trainer's own arithmetic
+# (trl_variants.training.batch.recipe_batch: 8 -> 16 halves them, 8 -> 4 doubles them), says so, and refuses where no
+# whole numbers keep the numbers; batch flags passed on the command line turn this off. The trainer sees the flags
+# added here as batch flags set on the command line and keeps them, so the batch is rescaled once, here, and printed
+# before the job starts. docs/distributed.md, "Several nodes", explains all of it.
 set -euo pipefail
 
 die() { echo "slurm_train.sh: $*" >&2; exit 2; }
@@ -62,11 +63,11 @@ MAIN_PROCESS_IP=${TRAIN_NODES[0]}
 MAIN_PROCESS_PORT=${MAIN_PROCESS_PORT:-29500}
 
 # --- what the recipe says (its header, launch backend, model, batch fields), and the batch flags for this count ---
-RECIPE_INFO=$("$PYTHON" - "$RECIPE" "$NUM_PROCESSES" "${EXTRA[@]}" <<'EOF'
+RECIPE_INFO=$("$PYTHON" - "$RECIPE" "$ALGORITHM" "$NUM_PROCESSES" "${EXTRA[@]}" <<'EOF'
 import re, shlex, sys
 import yaml
 
-path, processes, extra = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+path, method, processes, extra = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4:]
 text = open(path).read()
 raw = yaml.safe_load(text) or {}
 header = re.search(r"^#\s*processes:\s*(\d+)", text, re.M)
@@ -74,33 +75,21 @@ backend = re.search(r"--config_file configs/accelerate/(\S+)\.yaml", text)
 out = {"MODEL": raw.get("model_name_or_path", ""), "BACKEND": backend.group(1) if backend else "",
        "RECIPE_PROCESSES": header.group(1) if header else "", "USES_VLLM": str(bool(raw.get("use_vllm"))).lower()}
 flags, note = [], ""
-batch_flags = ("--per_device_train_batch_size", "--gradient_accumulation_steps", "--steps_per_generation",
-               "--generation_batch_size", "--pef_batch_size")
 if header and int(header.group(1)) != processes:
+    # the trainer's own arithmetic (trl_variants.training.batch.recipe_batch): the same flags it would add itself
+    from trl_variants.registry import method_classes
+    from trl_variants.training.batch import BATCH_FLAGS, recipe_batch
+
     written = int(header.group(1))
-    if any(a.split("=")[0] in batch_flags for a in extra):
+    if any(a[2:].split("=")[0].replace("-", "_") in BATCH_FLAGS for a in extra if a.startswith("--")):
         note = f"your batch flags decide the batch (the recipe's header arithmetic is for {written} processes)"
-    elif processes % written:
-        sys.exit(f"{path} is written for {written} processes and this job has {processes}: no whole division keeps "
-                 f"its batch; pass the batch flags yourself ({', '.join(batch_flags[:3])}; docs/distributed.md)")
     else:
-        k = processes // written
-        accumulation = raw.get("gradient_accumulation_steps", 1)
-        per_generation = raw.get("steps_per_generation")
-        micro, pef = raw.get("per_device_train_batch_size", 8), raw.get("pef_batch_size")
-        if accumulation % k == 0 and (per_generation is None or per_generation % k == 0):
-            flags = ["--gradient_accumulation_steps", str(accumulation // k)]
-            if per_generation is not None:
-                flags += ["--steps_per_generation", str(per_generation // k)]
-        elif micro % k == 0 and (pef is None or pef % k == 0):
-            flags = ["--per_device_train_batch_size", str(micro // k)]
-            if pef is not None:
-                flags += ["--pef_batch_size", str(pef // k)]
-        else:
-            sys.exit(f"{path} is written for {written} processes; on {processes} neither gradient_accumulation_steps "
-                     f"/ steps_per_generation nor the per-device batch sizes divide by {k}: pass the batch flags "
-                     "yourself (docs/distributed.md)")
-        note = f"recipe written for {written} processes, launching {processes}: {' '.join(flags)} keeps its batch"
+        try:
+            flags, why = recipe_batch(path, extra, processes, method_classes(method)[1])
+        except ValueError as e:
+            sys.exit(f"{e}; on SLURM: pass the batch flags yourself after the recipe")
+        note = (f"recipe written for {written} processes, launching {processes}: {' '.join(flags)} keeps its batch"
+                if flags else why)
 out["BATCH_NOTE"] = note
 for key, value in out.items():
     print(f"{key}={shlex.quote(value)}")

@@ -11,6 +11,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -171,3 +172,79 @@ def test_node_ranges_are_expanded_by_scontrol(tmp_path):
     assert {rank: host for rank, (host, _) in node_commands(result.stdout).items()} == {0: "gpu01", 1: "gpu02"}
     unexpanded = dry_run("configs/erpo/qwen2.5-math-7b.yaml", nodes="gpu[01-02]", path="/usr/bin:/bin")
     assert unexpanded.returncode != 0 and "scontrol" in unexpanded.stderr
+
+
+@pytest.mark.parametrize("recipe", ["configs/erpo/qwen2.5-math-7b.yaml", "configs/dph/qwen2.5-math-7b.yaml",
+                                    "configs/eepo/qwen2.5-3b.yaml", "configs/apo/qwen2.5-7B.yaml"])
+@pytest.mark.usefixtures("bf16_anywhere")
+def test_fewer_processes_than_the_recipe_keep_its_batch_with_the_trainers_own_arithmetic(recipe, tmp_path):
+    """2 nodes x 2 GPUs (4 processes) on a recipe written for 8: the launcher adds what the trainer itself would
+    (``recipe_batch``), which gives the header's numbers (it used to refuse: it only divided)."""
+    import yaml
+
+    from trl_variants.registry import method_classes
+    from trl_variants.training.batch import recipe_batch
+
+    result = dry_run(recipe, GPUS_PER_NODE="2")
+    assert result.returncode == 0, result.stderr
+    assert "launching 4" in result.stdout
+    argv = node_commands(result.stdout)[1][1]
+    added = argv[argv.index("--config") + 2:]
+    path = ROOT / recipe
+    own, _ = recipe_batch(path, [], 4, method_classes(path.parent.name)[1])
+    assert added == own and "--gradient_accumulation_steps" in added
+    raw = yaml.safe_load(path.read_text())
+    for name, value in zip(added[::2], added[1::2], strict=True):
+        assert int(value) == 2 * raw[name.removeprefix("--")]  # the per-device memory as written
+        raw[name.removeprefix("--")] = int(value)
+    (tmp_path / path.parent.name).mkdir()
+    rescaled = tmp_path / path.parent.name / path.name
+    rescaled.write_text(yaml.safe_dump(raw))
+    header = read_header(path)
+    _, args, _ = parse_recipe(rescaled)
+    numbers = batch_arithmetic(rescaled, args, processes=4, train_prompts=header.get("train_prompts"))
+    for key, value in numbers.items():
+        assert header[key] == value, f"{recipe} on 4 processes with {added}: {key} {value} != {header[key]}"
+
+
+@pytest.mark.slow
+def test_slurm_train_launches_two_nodes_for_real_and_they_train_as_one_node_with_two_processes(tmp_path):
+    """``scripts/slurm_train.sh`` run for real, not dry: 2 nodes x 1 process (``fake_slurm/srun`` starts both node
+    tasks on this machine, each with its own ``SLURM_PROCID``, in one rendezvous) train the ERPO paper recipe's smoke
+    command bit for bit as ``accelerate launch`` of 2 processes on one node does, and the run's last line is printed
+    once, by the process that saved (``accelerator.print`` printed it on the second node's first process too, before
+    the model was saved). ``scripts/check_multinode.py`` runs every paper recipe and backend this way."""
+    import torch
+    from safetensors.torch import load_file
+
+    from trainers_tests.examples.test_recipe_start import cpu_smoke_argv
+
+    bin_dir = Path(sys.executable).parent
+    path = ROOT / "configs" / "erpo" / "qwen2.5-math-7b.yaml"
+    (tmp_path / "erpo").mkdir()
+    argv = cpu_smoke_argv(path, tmp_path / "erpo")  # the recipe copy in a folder named after its method
+    recipe = argv[argv.index("--config") + 1]
+    argv = argv[:argv.index("--config")] + argv[argv.index("--config") + 2:] + [
+        "--max_steps", "2", "--torch_threads", "1", "--seed", "3"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", PYTHONWARNINGS="ignore",
+               TRL_VARIANTS_CACHE=str(tmp_path / "cache"))
+    env = {k: v for k, v in env.items() if not k.startswith("SLURM_")}
+    two = subprocess.run(
+        ["bash", str(SCRIPT), recipe, *argv, "--output_dir", str(tmp_path / "two")], cwd=ROOT, capture_output=True,
+        text=True, timeout=600, env=dict(
+            env, PATH=f"{ROOT / 'trainers_tests' / 'distributed' / 'fake_slurm'}:{bin_dir}:{env['PATH']}",
+            SLURM_JOB_NODELIST="127.0.0.1,localhost", GPUS_PER_NODE="1", MAIN_PROCESS_PORT="29571",
+            PYTHON=sys.executable, ACCELERATE_CONFIG="configs/accelerate/multi_cpu.yaml",
+            FAKE_SRUN_NODE_LOCAL="TRL_VARIANTS_CACHE"))
+    assert two.returncode == 0, two.stdout[-2000:] + two.stderr[-3000:]
+    assert "on 2 node(s) x 1 = 2 processes" in two.stdout
+    assert two.stdout.count("model saved to") == 1 and "(trained on 2 process(es))" in two.stdout
+    one = subprocess.run(
+        [str(bin_dir / "accelerate"), "launch", "--config_file", "configs/accelerate/multi_cpu.yaml",
+         "--num_processes", "2", "--main_process_port", "29572", "examples/train_erpo.py", "--config", recipe, *argv,
+         "--output_dir", str(tmp_path / "one")], cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
+    assert one.returncode == 0, one.stdout[-2000:] + one.stderr[-3000:]
+    start = load_file(str(Path(argv[argv.index("--model_name_or_path") + 1]) / "model.safetensors"))
+    a, b = (load_file(str(tmp_path / run / "model.safetensors")) for run in ("one", "two"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert any(not torch.equal(a[k], start[k]) for k in a)  # the 2 steps trained

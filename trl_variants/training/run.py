@@ -101,9 +101,10 @@ def train_and_save(trainer, training_args, script_args):
     trainer.create_model_card(model_name=model_name, dataset_name=dataset_name)
     if training_args.push_to_hub:
         trainer.push_to_hub(dataset_name=dataset_name, model_name=model_name)
-    trainer.accelerator.print(f"model saved to {training_args.output_dir} "
-                              f"(trained on {trainer.accelerator.num_processes} process(es))")
     trainer.accelerator.wait_for_everyone()
+    if trainer.accelerator.is_main_process:  # the process that saved, after it did (on several nodes,
+        # accelerator.print would also print on each node's first process, before the main one had saved)
+        print(f"model saved to {training_args.output_dir} (trained on {trainer.accelerator.num_processes} process(es))")
     trainer.accelerator.end_training()  # finishes trackers and destroys the process group (Gloo aborts at exit otherwise)
 
 
