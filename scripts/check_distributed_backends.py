@@ -7,6 +7,8 @@
     python scripts/check_distributed_backends.py --recipes  # each method's example script and tiny recipe
     python scripts/check_distributed_backends.py --paper    # each method's paper recipe in bf16
     python scripts/check_distributed_backends.py --paper --resume  # ... resumed inside its second epoch
+    python scripts/check_distributed_backends.py --paper --resume --backends fsdp2_sharded  # FSDP2 checkpointing
+                                                         # each process's shard (--fsdp_state_dict_type SHARDED_STATE_DICT)
 
 Runs ``trainers_tests/distributed/harness.py`` (3 optimizer steps, fixed global batch and completions) with
 ``torchrun`` (gloo DDP, the reference) and with ``accelerate launch --config_file configs/accelerate/<backend>.yaml
@@ -84,7 +86,7 @@ def merged(path: Path, rows: list[dict]) -> list[dict]:
         ran = {(r["trainer"], r["backend"]) for r in rows}
         rows = [r for r in json.loads(path.read_text()) if (r["trainer"], r["backend"]) not in ran] + rows
     trainers = {"erpo": 0, "eepo": 1, "dph": 2, "apo": 3, "dph_peft": 4}
-    backends = {"ddp (reference)": 0, "ddp": 0, "zero2": 1, "zero3": 2, "fsdp2": 3}
+    backends = {"ddp (reference)": 0, "ddp": 0, "zero2": 1, "zero3": 2, "fsdp2": 3, "fsdp2_sharded": 4}
     rows.sort(key=lambda r: (trainers.get(r["trainer"], 9), r["trainer"], backends.get(r["backend"], 9)))
     path.write_text(json.dumps(rows, indent=1))
     return rows
@@ -353,8 +355,11 @@ def paper_command(method: str, backend: str, port: int, tmp: Path, flags: list[s
                TRL_VARIANTS_CACHE=str(tmp / "cache"))
     if backend.startswith("fsdp"):  # FSDP over gloo on a machine without a GPU: the harness's lift
         env["PYTHONPATH"] = str(HARNESS.parent / "fsdp_on_cpu")
+    launcher = []
+    if backend == "fsdp2_sharded":  # fsdp2.yaml checkpointing each process's shard (FSDP2's default state dict)
+        backend, launcher = "fsdp2", ["--fsdp_state_dict_type", "SHARDED_STATE_DICT"]
     cmd = [str(BIN / "accelerate"), "launch", "--config_file", str(ROOT / "configs" / "accelerate" / f"{backend}.yaml"),
-           "--num_processes", str(processes), "--main_process_port", str(port),
+           "--num_processes", str(processes), "--main_process_port", str(port), *launcher,
            str(ROOT / "examples" / f"train_{method}.py"),
            *cpu_smoke_argv(recipe, tmp), *precision, "--max_completion_length", "32", "--torch_threads", "1", *flags]
     return cmd, env

@@ -21,6 +21,9 @@
 #   VLLM_NODES             0 (default): the recipe's vLLM mode (colocate); 1: the last node runs `trl vllm-serve`
 #                          and the trainers use vllm_mode=server
 #   VLLM_TP, VLLM_PORT, VLLM_GPU_MEMORY_UTILIZATION   the server's tensor parallel size (1), port (8000), memory (0.9)
+# Preemption: with `--enable_jit_checkpoint true` a SIGTERM saves the step under way and stops (docs/reliability.md,
+# "Preemption"); give it the time: `#SBATCH --signal=TERM@600` (SLURM signals the srun tasks below) and
+# `export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=600` (accelerate's torchrun kills its workers 30 s after a SIGTERM otherwise).
 # A recipe's header names the process count its batch arithmetic is written for (`# processes: 8`). On another
 # count the global batch would change, so the launcher rescales gradient_accumulation_steps and steps_per_generation
 # (or else, on more processes, the per-device batch sizes) by the ratio, with the trainer's own arithmetic

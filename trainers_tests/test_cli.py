@@ -474,3 +474,23 @@ def test_evaluate_with_only_a_base_model_evaluates_it_once(tmp_path):
     main(["evaluate", "--base_model", "tiny", "--max_prompts", "4", "--k", "1", "--temperatures", "1.0",
           "--output_dir", str(tmp_path)])
     assert [r["name"] for r in json.loads((tmp_path / "results.json").read_text())] == ["base"]
+
+
+def test_a_final_save_without_weights_is_an_error_before_the_card_and_the_push(tmp_path):
+    """transformers' save_model writes no weights, with only a warning, under DeepSpeed ZeRO-3 with
+    ``stage3_gather_16bit_weights_on_model_save`` off; the example went on to the card, the push and "model saved".
+    (FSDP's SHARDED_STATE_DICT, the other case, is now saved whole: test_fsdp2.py.)"""
+    from types import SimpleNamespace
+
+    from trl_variants.training import run
+
+    trainer = SimpleNamespace(accelerator=SimpleNamespace(is_main_process=True, num_processes=1))
+    (tmp_path / "training_args.bin").write_bytes(b"")  # written on every save: not weights
+    (tmp_path / "global_step3").mkdir()  # what ZeRO-3 writes instead
+    with pytest.raises(RuntimeError, match="wrote no model weights.*zero3_save_16bit_model: true"):
+        run.check_saved_weights(trainer, str(tmp_path))
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    run.check_saved_weights(trainer, str(tmp_path))
+    (tmp_path / "model.safetensors").unlink()
+    (tmp_path / "adapter_model.safetensors").write_bytes(b"")  # a PEFT run saves its adapter
+    run.check_saved_weights(trainer, str(tmp_path))

@@ -67,6 +67,27 @@ def fsdp2_sharded(trainer) -> bool:
     return bool(getattr(trainer, "is_fsdp_enabled", False)) and plugin is not None and plugin.fsdp_version == 2
 
 
+@contextmanager
+def full_state_dict_for_final_save(trainer, final: bool = True):
+    """Inside, FSDP's state dict type is ``FULL_STATE_DICT`` for a final save (``final``; a checkpoint's is left as it
+    is). transformers' ``save_model`` writes the weights under FSDP only with ``FULL_STATE_DICT``; with
+    ``SHARDED_STATE_DICT`` (FSDP2's default when the accelerate config names none) it wrote none, without a word, and
+    the run went on to its model card and Hub push. Switching the plugin for the final save is accelerate's documented
+    use of ``FullyShardedDataParallelPlugin.set_state_dict_type`` (train and checkpoint sharded, save the final model
+    full); checkpoints keep the sharded form, which transformers saves and resumes with ``save_fsdp_model``."""
+    plugin = getattr(trainer.accelerator.state, "fsdp_plugin", None)
+    if not final or not getattr(trainer, "is_fsdp_enabled", False) or plugin is None \
+            or "FULL_STATE_DICT" in str(plugin.state_dict_type):
+        yield
+        return
+    kept = plugin.state_dict_type
+    plugin.set_state_dict_type("FULL_STATE_DICT")
+    try:
+        yield
+    finally:
+        plugin.set_state_dict_type(kept)
+
+
 def drop_gathered_weights(trainer, model) -> None:
     """FSDP2: free the full weights a module still holds (the root module keeps them after a forward, for the
     backward it expects; ``unshard()`` keeps them until told), so that the next forward gathers the shards as they are

@@ -8,8 +8,10 @@ from trl import GRPOConfig, GRPOTrainer
 
 from ._card import ModelCardMixin
 from ._checkpoint import CheckpointStateMixin
+from ._model import full_state_dict_for_final_save
 from ._numerics import FiniteTrainingMixin
 from ._offline import OfflinePassLogMixin
+from ._preemption import StopOnSignalMixin, check_stop_on_signal_args
 from ._validation import (
     check_model_paths,
     check_one_rollout_batch,
@@ -79,11 +81,11 @@ class EvalDatasetMixin:
             self.eval_dataset = given
 
 
-class TrainerBase(CheckpointStateMixin, ModelCardMixin, FiniteTrainingMixin, OfflinePassLogMixin, EvalDatasetMixin,
-                  GRPOTrainer):
+class TrainerBase(CheckpointStateMixin, StopOnSignalMixin, ModelCardMixin, FiniteTrainingMixin, OfflinePassLogMixin,
+                  EvalDatasetMixin, GRPOTrainer):
     """``GRPOTrainer`` with what every trainer here adds around it: the checkpoint record and resume checks, the model
-    card, the stop on a non-finite loss, the offline pass's numbers in the first log, the reference columns of
-    evaluation datasets. A subclass's ``__init__`` calls :meth:`_checked_args` first and :meth:`_checked_reward_funcs`
+    card, the stop on a non-finite loss, the checkpoint and stop on SIGTERM (``enable_jit_checkpoint``), the offline
+    pass's numbers in the first log, the reference columns of evaluation datasets. A subclass's ``__init__`` calls :meth:`_checked_args` first and :meth:`_checked_reward_funcs`
     last, before ``GRPOTrainer.__init__`` loads anything. ``_config_class`` is the config class ``args`` must be an
     instance of (default :class:`~trl.GRPOConfig`), ``_config_suffix`` names the default output directory when
     ``args`` is None."""
@@ -95,7 +97,14 @@ class TrainerBase(CheckpointStateMixin, ModelCardMixin, FiniteTrainingMixin, Off
         """``args`` resolved (:func:`resolve_config`), and the train_dataset's prompts checked."""
         args = resolve_config(model, args, self._config_class or GRPOConfig, self._config_suffix)
         check_train_dataset(train_dataset, type(self).__name__)  # before GRPOTrainer loads the model
+        check_stop_on_signal_args(args, type(self).__name__)
         return args
+
+    def save_model(self, output_dir=None, _internal_call=False):
+        """transformers' ``save_model``; under FSDP the final model is saved whole whatever the checkpoints' state dict
+        type (:func:`~trl_variants._model.full_state_dict_for_final_save`)."""
+        with full_state_dict_for_final_save(self, final=not _internal_call):
+            return super().save_model(output_dir, _internal_call)
 
     def get_train_dataloader(self):
         """transformers' dataloader, refused when it holds no batch: when the dataset trained on has fewer prompts than

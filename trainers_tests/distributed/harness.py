@@ -6,7 +6,7 @@ run on 1 process and a run on N processes can be compared.
 
 (On a machine without a GPU, an FSDP config runs FSDP2 over gloo: ``_fsdp_on_cpu``.) Switches in the environment:
 HARNESS_DTYPE, HARNESS_OPTIM, HARNESS_GA (gradient accumulation steps, the global batch kept), HARNESS_CHECKPOINTS=1
-(a checkpoint every step), HARNESS_RESUME=<checkpoint> (resume from it), HARNESS_HELDOUT=1 (held-out evaluation during
+(a checkpoint every step), HARNESS_RESUME=<checkpoint> (resume from it), HARNESS_SAVE_MODEL=1 (also trainer.save_model to OUT_DIR/saved), HARNESS_HELDOUT=1 (held-out evaluation during
 training, ``HeldOutCallback``, logged), HARNESS_EEPO_READ=1 (``eepo``: the paper's gate, log-probs read while
 generating); HARNESS_GC / HARNESS_PEFT / HARNESS_REENTRANT for the ``*_peft`` variants.
 
@@ -431,6 +431,8 @@ def main(name: str, out: str) -> None:
     (out / f"rank{state.process_index}.json").write_text(json.dumps(observed))
     # the engine under DeepSpeed (ZeRO-3 gathers the shards), the DDP module or FSDP's sharded one otherwise
     state_dict = trainer.accelerator.get_state_dict(trainer.model_wrapped)  # collective; the full dict on rank 0
+    if os.environ.get("HARNESS_SAVE_MODEL") == "1":  # the trainer's own final save as well, to OUT_DIR/saved
+        trainer.save_model(str(out / "saved"))
     if state.is_main_process:
         from safetensors.torch import save_file
 

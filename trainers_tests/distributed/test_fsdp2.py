@@ -34,13 +34,14 @@ HARNESS = ROOT / "trainers_tests" / "distributed" / "harness.py"
 
 
 def launch_fsdp2(trainer: str, out: Path, port: int, mixed_precision: str = "no", dtype: str = "float64",
-                 **harness_env) -> dict:
+                 state_dict_type: str | None = None, **harness_env) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", HARNESS_DTYPE=dtype, **harness_env)
     env.pop("ACCELERATE_USE_CPU", None)
     accelerate = Path(sys.executable).parent / "accelerate"
     proc = subprocess.run([str(accelerate), "launch", "--config_file", str(ROOT / "configs/accelerate/fsdp2.yaml"),
                            "--num_processes", "2", "--mixed_precision", mixed_precision, "--main_process_port",
-                           str(port), str(HARNESS), trainer, str(out)],
+                           str(port), *(["--fsdp_state_dict_type", state_dict_type] if state_dict_type else []),
+                           str(HARNESS), trainer, str(out)],
                           env=env, capture_output=True, text=True, timeout=600, cwd=out.parent)
     assert proc.returncode == 0 and proc.stdout.count("OK") == 2, proc.stdout[-2000:] + proc.stderr[-4000:]
     observed = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
@@ -100,3 +101,19 @@ def test_eepo_under_fsdp2_bf16_mixed_precision_unlearns_on_float32_log_probs(tmp
         assert h["eepo/stage1_logp_change"] < -0.01, log  # the step lowered stage 1's log-probs
     weights = load_file(str(tmp_path / "run" / "model.safetensors"))
     assert all(torch.isfinite(w).all() for w in weights.values())
+
+
+@pytest.mark.slow
+def test_a_sharded_state_dict_checkpoints_sharded_and_the_final_save_writes_the_whole_model(tmp_path):
+    """``fsdp_state_dict_type: SHARDED_STATE_DICT`` (FSDP2's default when an accelerate config names none): the
+    checkpoints keep the sharded form, and ``trainer.save_model`` writes the full weights. transformers' save wrote no
+    weights at all, without a word, and the example script went on to the model card, the Hub push and "model saved
+    to". (Resuming such checkpoints, on 2 processes and on 1: ``check_distributed_backends.py --paper --resume``.)"""
+    launch_fsdp2("erpo", tmp_path / "run", 29668, state_dict_type="SHARDED_STATE_DICT", HARNESS_CHECKPOINTS="1",
+                 HARNESS_SAVE_MODEL="1")
+    checkpoint = tmp_path / "run" / "trainer" / "checkpoint-3"
+    assert (checkpoint / "pytorch_model_fsdp_0").is_dir() and not (checkpoint / "model.safetensors").exists()
+    saved = load_file(str(tmp_path / "run" / "saved" / "model.safetensors"))
+    weights = load_file(str(tmp_path / "run" / "model.safetensors"))  # gathered by the harness itself
+    assert set(saved) <= set(weights) and len(saved) >= len(weights) - 1  # (a tied lm_head may be left out)
+    assert all(torch.equal(saved[k], weights[k]) for k in saved)

@@ -10,6 +10,8 @@ from pathlib import Path
 
 from trl import ModelConfig
 
+from .._preemption import EXIT_CODE as SIGTERM_EXIT_CODE
+from .._preemption import stopped_line
 from .._validation import check_model_reference
 from ..cli.errors import UsageError, training_started
 from ..data import check_dataset_flags, get_reward_funcs, load_datasets, uses_embedded
@@ -93,7 +95,14 @@ def train_and_save(trainer, training_args, script_args):
 
     training_started()  # from here an error is a crash, with its traceback (the checkpoint was checked at construction)
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    if getattr(trainer, "stopped_by_signal", None) is not None:  # preempted: the checkpoint is the run; no final save, card or push
+        if trainer.accelerator.is_main_process:
+            print(stopped_line(trainer), flush=True)
+        trainer.accelerator.wait_for_everyone()
+        trainer.accelerator.end_training()
+        raise SystemExit(SIGTERM_EXIT_CODE)
     trainer.save_model(training_args.output_dir)
+    check_saved_weights(trainer, training_args.output_dir)  # before the card and the push
     # the Hub link of the card: none for the embedded task or a mixture
     dataset_name = None if uses_embedded(script_args) or script_args.datasets else script_args.dataset_name
     hub_id = training_args.hub_model_id
@@ -106,6 +115,31 @@ def train_and_save(trainer, training_args, script_args):
         # accelerator.print would also print on each node's first process, before the main one had saved)
         print(f"model saved to {training_args.output_dir} (trained on {trainer.accelerator.num_processes} process(es))")
     trainer.accelerator.end_training()  # finishes trackers and destroys the process group (Gloo aborts at exit otherwise)
+
+
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "adapter_model.safetensors",
+                "pytorch_model.bin", "pytorch_model.bin.index.json", "adapter_model.bin")
+
+
+def check_saved_weights(trainer, output_dir: str) -> None:
+    """The final save wrote the weights (a model's or a PEFT adapter's) to ``output_dir``, else an error on every
+    process, before the model card and the Hub push. transformers skips them without an error under DeepSpeed ZeRO-3
+    with ``stage3_gather_16bit_weights_on_model_save`` off (a warning, and a DeepSpeed checkpoint instead). The main
+    process looks (the one that saved; another node may not see its disk) and tells the others."""
+    problem = None
+    if trainer.accelerator.is_main_process and not any(os.path.exists(os.path.join(output_dir, name))
+                                                       for name in WEIGHT_FILES):
+        problem = (f"the final save wrote no model weights to {output_dir} (none of {', '.join(WEIGHT_FILES[:3])}). "
+                   "Under DeepSpeed ZeRO-3, set `zero3_save_16bit_model: true` in the accelerate config's "
+                   "deepspeed_config (`stage3_gather_16bit_weights_on_model_save: true` in a DeepSpeed JSON; "
+                   "configs/accelerate/zero3.yaml does), or recover them from the DeepSpeed checkpoint there with "
+                   "DeepSpeed's zero_to_fp32.py. The checkpoints in it resume the run")
+    if trainer.accelerator.num_processes > 1:
+        from accelerate.utils import broadcast_object_list
+
+        problem = broadcast_object_list([problem], from_process=0)[0]
+    if problem:
+        raise RuntimeError(problem)
 
 
 def _with_resolved_config(argv: list[str], method: str) -> list[str]:
