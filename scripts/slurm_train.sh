@@ -22,8 +22,9 @@
 #                          and the trainers use vllm_mode=server
 #   VLLM_TP, VLLM_PORT, VLLM_GPU_MEMORY_UTILIZATION   the server's tensor parallel size (1), port (8000), memory (0.9)
 # Preemption: with `--enable_jit_checkpoint true` a SIGTERM saves the step under way and stops (docs/reliability.md,
-# "Preemption"); give it the time: `#SBATCH --signal=TERM@600` (SLURM signals the srun tasks below) and
-# `export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=600` (accelerate's torchrun kills its workers 30 s after a SIGTERM otherwise).
+# "Preemption"); give it the time: `#SBATCH --signal=B:TERM@600` (to this script, which passes it to the training
+# step only, not to a vLLM server's) and `export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=600` (accelerate's torchrun kills its
+# workers 30 s after a SIGTERM otherwise).
 # A recipe's header names the process count its batch arithmetic is written for (`# processes: 8`). On another
 # count the global batch would change, so the launcher rescales gradient_accumulation_steps and steps_per_generation
 # (or else, on more processes, the per-device batch sizes) by the ratio, with the trainer's own arithmetic
@@ -155,7 +156,16 @@ if [[ "$VLLM_NODES" == 1 ]]; then
   srun --nodes=1 --ntasks=1 --nodelist="$VLLM_NODE" "${SERVE_CMD[@]}" &
   VLLM_PID=$!
 fi
+# A SIGTERM to this script (`#SBATCH --signal=B:TERM@<seconds>`: preemption, the time limit) goes to the training
+# step only, which srun passes to its tasks; a vLLM server keeps serving the step under way until training ends.
+"${SRUN[@]}" bash -c "$TRAIN_CMD" &
+TRAIN_PID=$!
+trap 'kill -TERM "$TRAIN_PID" 2>/dev/null' TERM
 status=0
-"${SRUN[@]}" bash -c "$TRAIN_CMD" || status=$?
+while :; do
+  wait "$TRAIN_PID" && { status=0; break; } || status=$?
+  kill -0 "$TRAIN_PID" 2>/dev/null || break  # it ended (a trapped signal only interrupts the wait)
+done
+trap - TERM
 [[ -z "$VLLM_PID" ]] || kill "$VLLM_PID" 2>/dev/null || true
 exit "$status"

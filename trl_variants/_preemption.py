@@ -19,6 +19,7 @@ checkpoint (docs/reliability.md, "Preemption").
 from __future__ import annotations
 
 import signal
+import threading
 from contextlib import contextmanager
 
 import torch
@@ -27,10 +28,16 @@ from transformers import TrainerCallback
 EXIT_CODE = 128 + signal.SIGTERM  # how a shell reports a process ended by SIGTERM
 
 
+def _handler(value):
+    """A handler ``signal.signal`` accepts back: ``getsignal`` gives None for one set outside Python."""
+    return signal.SIG_DFL if value is None else value
+
+
 class StopOnSignal(TrainerCallback):
-    """Flag on SIGTERM; at the end of an optimizer step, if any process has the flag, save and stop on all. The handler
-    is set for the span of ``train()`` only (:meth:`catching`); the process's own handling is back after it, also when
-    training fails."""
+    """Flag on SIGTERM; at the end of an optimizer step before the last, if any process has the flag, save and stop
+    on all. A SIGTERM in the last step lets the run end as it would, final save included. The handler is set for the
+    span of ``train()`` only (:meth:`catching`); the process's own handling is back after it, also when training
+    fails."""
 
     def __init__(self, trainer):
         self.trainer = trainer
@@ -38,8 +45,11 @@ class StopOnSignal(TrainerCallback):
 
     @contextmanager
     def catching(self):
+        if threading.current_thread() is not threading.main_thread():
+            raise RuntimeError("enable_jit_checkpoint catches SIGTERM, which Python lets only the main thread do: call "
+                               "train() from the main thread, or set enable_jit_checkpoint=False")
         self.flagged = False
-        previous = signal.signal(signal.SIGTERM, self._on_signal)
+        previous = _handler(signal.signal(signal.SIGTERM, self._on_signal))
         try:
             yield
         finally:
@@ -56,10 +66,16 @@ class StopOnSignal(TrainerCallback):
         return bool(flags.max().item() > 0)
 
     def on_step_end(self, args, state, control, **kwargs):
-        if self._any_process_flagged():
+        if self._any_process_flagged() and state.global_step < state.max_steps:
             control.should_save = True  # the Trainer's own save, after this callback: checkpoint-<this step>
+            control.should_evaluate = False  # the grace is for the save (and save_strategy="best" keeps it)
             control.should_training_stop = True
             self.trainer.stopped_by_signal = state.global_step
+        return control
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        if self.trainer.stopped_by_signal is not None:  # the loop ends after the save: no second save or evaluation
+            control.should_save = control.should_evaluate = False
         return control
 
 
@@ -72,13 +88,15 @@ class StopOnSignalMixin:
     _stop_on_signal: StopOnSignal | None = None
 
     def __init__(self, *args, **kwargs):
-        before = signal.getsignal(signal.SIGTERM)  # transformers' callback sets its own while the trainer is built
-        super().__init__(*args, **kwargs)
+        before = _handler(signal.getsignal(signal.SIGTERM))  # transformers' callback sets its own while it builds
+        try:
+            super().__init__(*args, **kwargs)
+        finally:  # until train() (and after a failed construction): a SIGTERM ends the process as before
+            signal.signal(signal.SIGTERM, before)
         if getattr(self.args, "enable_jit_checkpoint", False):
             from transformers.trainer_jit_checkpoint import JITCheckpointCallback
 
             self.remove_callback(JITCheckpointCallback)
-            signal.signal(signal.SIGTERM, before)  # until train(): a SIGTERM before training ends the process
             self._stop_on_signal = StopOnSignal(self)
             self.add_callback(self._stop_on_signal)
 

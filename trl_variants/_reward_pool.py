@@ -79,6 +79,11 @@ def _worker_main() -> None:
     from multiprocessing.connection import Connection
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    # and so is a job's SIGTERM: torchrun / accelerate launch end a worker with os.killpg (a scheduler signals every
+    # process of the job), which reached these workers too; the answers of the step under way were then lost and
+    # scored as timeouts while the trainer finished that step to checkpoint it (enable_jit_checkpoint). A worker
+    # still ends when the parent does (EOF on its pipe), when the parent kills it (SIGKILL), or at its CPU limit.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     out = os.dup(1)
     devnull = os.open(os.devnull, os.O_RDWR)
     os.dup2(devnull, 1)  # nothing math-verify or sympy prints (answers included) reaches a log or the pipe

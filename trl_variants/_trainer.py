@@ -106,6 +106,11 @@ class TrainerBase(CheckpointStateMixin, StopOnSignalMixin, ModelCardMixin, Finit
         with full_state_dict_for_final_save(self, final=not _internal_call):
             return super().save_model(output_dir, _internal_call)
 
+    def push_to_hub(self, *args, **kwargs):
+        """transformers' ``push_to_hub`` (which saves the model first), with the whole model under FSDP as above."""
+        with full_state_dict_for_final_save(self):
+            return super().push_to_hub(*args, **kwargs)
+
     def get_train_dataloader(self):
         """transformers' dataloader, refused when it holds no batch: when the dataset trained on has fewer prompts than
         one rollout batch (an offline pass made it smaller: DPH-RL's D_exp, A*-PO's valued prompts), training would

@@ -205,6 +205,47 @@ def test_a_worker_that_never_answers_is_killed_and_replaced(warm):
             os.kill(stuck.pid, signal.SIGKILL)
 
 
+def test_a_sigterm_to_the_workers_leaves_the_answers_to_the_parent(warm):
+    """torchrun and accelerate launch end a training process with ``os.killpg(SIGTERM)``, and a scheduler signals every
+    process of a job: the workers got it too and died, so the answers of the step a preempted trainer finishes (to
+    checkpoint it) were lost and counted as timeouts. They are the parent's to answer for."""
+    for worker in list(rewards._POOL._idle):
+        worker.wait_ready()
+    pids = rewards._POOL.pids()
+    for pid in pids:
+        os.kill(pid, signal.SIGTERM)
+    time.sleep(0.2)
+    metrics = Metrics()
+    scores, _ = in_thread(make_accuracy_reward(BOUND), ["\\boxed{5}", "\\boxed{6}", "\\boxed{7}"], ["5", "6", "8"],
+                          log_metric=metrics)
+    assert scores == [1.0, 1.0, 0.0]
+    assert metrics["accuracy_reward/timeouts"] == 0.0
+    assert all(alive(pid) for pid in pids) and set(pids) <= set(rewards._POOL.pids())
+
+
+def test_workers_end_with_a_parent_ended_by_sigterm(tmp_path):
+    """A parent ended by SIGTERM runs no atexit handler; its workers, which ignore SIGTERM, end on their closed pipe."""
+    script = tmp_path / "child.py"
+    script.write_text(textwrap.dedent(f"""
+        import importlib.util, os, signal
+        spec = importlib.util.spec_from_file_location("rewards_alone", {rewards.__file__!r})
+        rewards = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(rewards)
+        print(rewards.accuracy_reward(["\\\\boxed{{3}}"], ["3"]), flush=True)
+        print(*rewards._POOL.pids(), flush=True)
+        os.kill(os.getpid(), signal.SIGTERM)
+    """))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == -signal.SIGTERM, out.stderr
+    first, pids = out.stdout.splitlines()[:2]
+    assert first == "[1.0]"
+    pids = [int(p) for p in pids.split()]
+    deadline = time.monotonic() + 5
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert pids and not any(alive(p) for p in pids)
+
+
 def test_unscreened_slow_answers_cost_at_most_the_bound_each(warm):
     slow = ["\\boxed{9^{9^{9}}}", "\\boxed{2^{10^{9}}}", "\\boxed{(1+\\sqrt{2})^{100000}}"]
     reward, metrics = make_accuracy_reward(BOUND, prescreen=False), Metrics()

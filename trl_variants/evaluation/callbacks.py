@@ -20,6 +20,12 @@ from .report import PLOTS_SKIPPED, have_matplotlib, plot_heldout_curves
 from .runner import evaluate
 
 
+def stopped_by_signal(trainer) -> bool:
+    """Whether a SIGTERM stopped the trainer's training at this step (``enable_jit_checkpoint``): then the
+    evaluations are skipped, the grace the cluster gives being for the checkpoint."""
+    return getattr(trainer, "stopped_by_signal", None) is not None
+
+
 def callback_config(trainer, config: EvalConfig, backend: str = "hf") -> EvalConfig:
     """``config`` as a training callback runs it: the progress bar off when the trainer's ``disable_tqdm`` is set,
     with ``backend="hf"`` the trainer's ``use_transformers_continuous_batching`` / ``cache_implementation`` (unless
@@ -114,7 +120,7 @@ class PassAtKCallback(TrainerCallback):
         self.eval_steps, self.reward_funcs = eval_steps, reward_funcs
 
     def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step % self.eval_steps:
+        if state.global_step % self.eval_steps or stopped_by_signal(self.trainer):
             return
         trainer = self.trainer
         res = evaluate_policy(trainer, self.dataset, self.reward_funcs, self.config,
@@ -171,10 +177,12 @@ class HeldOutCallback(TrainerCallback):
         self._measure(state.global_step)
 
     def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step % self.eval_steps == 0:
+        if state.global_step % self.eval_steps == 0 and not stopped_by_signal(self.trainer):
             self._measure(state.global_step, control)
 
     def on_train_end(self, args, state, control, **kwargs):
+        if stopped_by_signal(self.trainer):  # preempted: the grace is the checkpoint's; the resumed run measures
+            return
         self._measure(state.global_step)
         if not state.is_world_process_zero:
             return

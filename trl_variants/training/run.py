@@ -10,6 +10,7 @@ from pathlib import Path
 
 from trl import ModelConfig
 
+from .._model import full_state_dict_for_final_save
 from .._preemption import EXIT_CODE as SIGTERM_EXIT_CODE
 from .._preemption import stopped_line
 from .._validation import check_model_reference
@@ -101,7 +102,9 @@ def train_and_save(trainer, training_args, script_args):
         trainer.accelerator.wait_for_everyone()
         trainer.accelerator.end_training()
         raise SystemExit(SIGTERM_EXIT_CODE)
-    trainer.save_model(training_args.output_dir)
+    with full_state_dict_for_final_save(trainer):  # the whole model under FSDP; no push yet (transformers' public
+        # save_model pushes when push_to_hub is set, before the check and the card): the push is below
+        trainer.save_model(training_args.output_dir, _internal_call=True)
     check_saved_weights(trainer, training_args.output_dir)  # before the card and the push
     # the Hub link of the card: none for the embedded task or a mixture
     dataset_name = None if uses_embedded(script_args) or script_args.datasets else script_args.dataset_name
