@@ -4,6 +4,7 @@ recipe on 1 node with 2 processes.
     python scripts/check_multinode.py [--trainers erpo eepo dph apo] [--backends ddp zero2 zero3 fsdp2]
     python scripts/check_multinode.py --resume   # ... checkpointed on 2 nodes inside a rollout, resumed on 2 nodes
                                                  # and on 1 node x 2 processes
+    python scripts/check_multinode.py --preempt  # ... stopped by a SIGTERM to slurm_train.sh, resumed on 2 nodes
 
 There is no cluster here, so the two "nodes" are two machines of one rendezvous on this one: ``slurm_train.sh`` runs
 unchanged (its recipe reading, batch arithmetic, multi-node accelerate config and one ``accelerate launch
@@ -217,14 +218,97 @@ def write_resume_table(rows: list[dict], out: Path) -> None:
                  "seconds": lambda r: r["seconds"]}, script="check_multinode.py")
 
 
+def check_nodes_preempt(args, out: Path) -> None:
+    """``--preempt``: each recipe on 2 nodes with ``--enable_jit_checkpoint true``, uninterrupted; stopped by a SIGTERM
+    to ``scripts/slurm_train.sh`` itself during step 3 (as ``#SBATCH --signal=B:TERM@<s>`` signals the batch script,
+    which passes it to the training step: the stand-in srun hands it to each node's ``accelerate launch``); and
+    resumed on 2 nodes (``--resume_from_checkpoint true``): the resumed run's weights against the uninterrupted run's."""
+    import re
+
+    import torch  # noqa: F401  (safetensors.torch needs it)
+    from check_preemption import ZERO_REWARD
+    from safetensors.torch import load_file
+
+    work = out / "runs"
+    work.mkdir(parents=True, exist_ok=True)
+    rows, port = [], 30700
+    for method in args.trainers:
+        own = yaml_recipe(method)
+        for backend in args.backends:
+            row = {"trainer": method, "backend": backend, "error": ""}
+            start = time.time()
+            with tempfile.TemporaryDirectory() as tmp:
+                tmp = Path(tmp)
+                common = ["--max_steps", "6", "--steps_per_generation", "2", "--dataset_train_split",
+                          f"train[:{(8 if method == 'dph' else 4) * per_step_prompts(method, own)}]",
+                          "--save_strategy", "no", "--enable_jit_checkpoint", "true", "--logging_steps", "1",
+                          "--reward_funcs", *own["reward_funcs"], ZERO_REWARD]
+                runs = {}
+                for name, flags in (("whole", []), ("run", []), ("resumed", ["--resume_from_checkpoint", "true"])):
+                    port += 1
+                    output = tmp / ("whole" if name == "whole" else "run")
+                    cmd, env = two_nodes(method, backend, port, tmp / name / method,
+                                         [*common, "--output_dir", str(output), *flags])
+                    env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH"), str(ROOT)) if p)
+                    if name == "run":  # the script's own pid: bash execs it (the reward signals it at step 3)
+                        env["PREEMPT_AT_STEP"] = "3"
+                        cmd = ["bash", "-c", 'export PREEMPT_PID=$$; exec "$@"', "bash", *cmd]
+                    log = work / f"multinode-preempt-{method}-{backend}-{name}.log"
+                    ok, error = run(cmd, env, log, timeout=900, cwd=ROOT,
+                                    finished=(lambda text: True) if name == "run" else saved)
+                    runs[name] = log.read_text()
+                    if name == "run":
+                        stopped = re.search(r"stopped by SIGTERM after step (\d+) of", runs[name])
+                        row["stopped_after"] = int(stopped.group(1)) if stopped else None
+                        row["checkpoints"] = sorted(q.name for q in output.glob("checkpoint-*"))
+                        row["final_model_saved"] = (output / "model.safetensors").exists()
+                        ok = stopped is not None and bool(row["checkpoints"])
+                        error = "" if ok else (error or "no 'stopped by SIGTERM' line or no checkpoint")
+                    row[name] = ok
+                    if not ok:
+                        row["error"] = f"{name}: {error}"
+                        break
+                if row.get("resumed"):
+                    wa, wb = (load_file(str(tmp / d / "model.safetensors")) for d in ("whole", "run"))
+                    row["max_param_diff"] = max((wa[k].float() - wb[k].float()).abs().max().item()
+                                                for k in wa if k in wb)
+            row["seconds"] = round(time.time() - start)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    write_table(out / "multinode_preempt.md", "Each paper recipe on 2 nodes stopped by a SIGTERM to slurm_train.sh, "
+                "and resumed on 2 nodes", "--preempt", "6 steps, a rollout of 2 steps, `--enable_jit_checkpoint true`, "
+                "2 nodes x 1 process (scripts/slurm_train.sh, a stand-in srun); the SIGTERM goes to the batch script "
+                "during step 3 (as `#SBATCH --signal=B:TERM@<s>`), which passes it to the training step.",
+                merged(out / "multinode_preempt.json", rows),
+                {"stopped after step": lambda r: r.get("stopped_after", ""),
+                 "checkpoints left": lambda r: ", ".join(r.get("checkpoints", [])),
+                 "final model saved": lambda r: r.get("final_model_saved", ""),
+                 "resumed": lambda r: "yes" if r.get("resumed") else "no",
+                 "max parameter diff to the uninterrupted run": param_cell,
+                 "seconds": lambda r: r["seconds"]}, script="check_multinode.py")
+
+
+def yaml_recipe(method: str) -> dict:
+    import yaml
+
+    return yaml.safe_load(paper_recipe(method).read_text())
+
+
+def per_step_prompts(method: str, own: dict) -> int:
+    """Prompts per optimizer step of the smoke command on 2 processes."""
+    return max(1, 2 * int(smoke_flags(paper_recipe(method))["--per_device_train_batch_size"]) // own["num_generations"])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--trainers", nargs="+", default=["erpo", "eepo", "dph", "apo"])
     parser.add_argument("--backends", nargs="+", default=list(ONE_NODE), choices=list(ONE_NODE))
     parser.add_argument("--resume", action="store_true", help="instead: checkpoint on 2 nodes, resume on 2 and on 1")
+    parser.add_argument("--preempt", action="store_true",
+                        help="instead: a SIGTERM to slurm_train.sh during step 3, and the resume")
     parser.add_argument("--out", default=str(ROOT / "results" / "distributed"))
     args = parser.parse_args()
-    (check_nodes_resume if args.resume else check_nodes)(args, Path(args.out))
+    (check_nodes_preempt if args.preempt else check_nodes_resume if args.resume else check_nodes)(args, Path(args.out))
 
 
 if __name__ == "__main__":

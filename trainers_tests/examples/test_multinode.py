@@ -103,12 +103,27 @@ def test_two_nodes_one_launch_per_node_with_its_rank_and_the_recipes_batch_kept(
     assert "launching 16" in result.stdout
 
 
+def rescaled_numbers(path, added: list[str], processes: int, tmp_path) -> tuple[dict, dict]:
+    """The recipe's header, and the batch numbers of the recipe with the launcher's ``added`` flags applied on
+    ``processes`` (``batch_arithmetic`` reads the YAML's batch fields: a copy in a folder named after the method)."""
+    import yaml
+
+    raw = yaml.safe_load(path.read_text())
+    for name, value in zip(added[::2], added[1::2], strict=True):
+        raw[name.removeprefix("--")] = int(value)
+    (tmp_path / path.parent.name).mkdir()
+    rescaled = tmp_path / path.parent.name / path.name
+    rescaled.write_text(yaml.safe_dump(raw))
+    header = read_header(path)
+    _, args, _ = parse_recipe(rescaled)
+    return header, batch_arithmetic(rescaled, args, processes=processes, train_prompts=header.get("train_prompts"))
+
+
 @pytest.mark.parametrize("recipe", ["configs/erpo/qwen2.5-math-7b.yaml", "configs/dph/qwen2.5-math-7b.yaml",
                                     "configs/eepo/qwen2.5-3b.yaml", "configs/apo/qwen2.5-7B.yaml"])
 @pytest.mark.usefixtures("bf16_anywhere")
 def test_the_rescaled_batch_gives_the_recipes_header_numbers_on_16_processes(recipe, tmp_path):
     """The flags the launcher adds, applied to the recipe, give the numbers its header states for 8 processes."""
-    import yaml
 
     result = dry_run(recipe)
     assert result.returncode == 0, result.stderr
@@ -116,15 +131,7 @@ def test_the_rescaled_batch_gives_the_recipes_header_numbers_on_16_processes(rec
     added = argv[argv.index("--config") + 2:]
     assert added, "16 processes need other batch flags than the recipe's 8"
     path = ROOT / recipe
-    raw = yaml.safe_load(path.read_text())
-    for name, value in zip(added[::2], added[1::2], strict=True):
-        raw[name.removeprefix("--")] = int(value)
-    (tmp_path / path.parent.name).mkdir()
-    rescaled = tmp_path / path.parent.name / path.name  # batch_arithmetic reads the YAML's batch fields
-    rescaled.write_text(yaml.safe_dump(raw))
-    header = read_header(path)
-    _, args, _ = parse_recipe(rescaled)
-    numbers = batch_arithmetic(rescaled, args, processes=16, train_prompts=header.get("train_prompts"))
+    header, numbers = rescaled_numbers(path, added, 16, tmp_path)
     for key, value in numbers.items():
         assert header[key] == value, f"{recipe} on 16 processes with {added}: {key} {value} != {header[key]}"
     _, original, _ = parse_recipe(path)
@@ -196,13 +203,7 @@ def test_fewer_processes_than_the_recipe_keep_its_batch_with_the_trainers_own_ar
     raw = yaml.safe_load(path.read_text())
     for name, value in zip(added[::2], added[1::2], strict=True):
         assert int(value) == 2 * raw[name.removeprefix("--")]  # the per-device memory as written
-        raw[name.removeprefix("--")] = int(value)
-    (tmp_path / path.parent.name).mkdir()
-    rescaled = tmp_path / path.parent.name / path.name
-    rescaled.write_text(yaml.safe_dump(raw))
-    header = read_header(path)
-    _, args, _ = parse_recipe(rescaled)
-    numbers = batch_arithmetic(rescaled, args, processes=4, train_prompts=header.get("train_prompts"))
+    header, numbers = rescaled_numbers(path, added, 4, tmp_path)
     for key, value in numbers.items():
         assert header[key] == value, f"{recipe} on 4 processes with {added}: {key} {value} != {header[key]}"
 

@@ -69,10 +69,11 @@ def test_sigterm_checkpoints_the_step_under_way_and_the_resume_is_exact(tmp_path
 
 def _preempt_at_its_step(trainer_state) -> None:
     """On process 0, while the rollout of step ``PREEMPT_AT_STEP`` is scored: SIGTERM to the launcher (its parent,
-    ``torchrun`` or ``accelerate launch``), as a scheduler signals a job; the launcher passes it to every worker."""
+    ``torchrun`` or ``accelerate launch``), as a scheduler signals a job; the launcher passes it to every worker.
+    ``PREEMPT_PID``: to that process instead (``scripts/slurm_train.sh``, as ``#SBATCH --signal=B:TERM`` does)."""
     if (os.environ.get("RANK") == "0" and os.environ.get("PREEMPT_AT_STEP")
             and trainer_state.global_step + 1 == int(os.environ["PREEMPT_AT_STEP"])):
-        os.kill(os.getppid(), signal.SIGTERM)
+        os.kill(int(os.environ.get("PREEMPT_PID") or os.getppid()), signal.SIGTERM)
 
 
 def preempting_reward(completions, trainer_state, **kwargs):

@@ -71,6 +71,24 @@ def alive(pid: int) -> bool:
         return False
 
 
+def rewards_alone(body: str) -> str:
+    """A script for a fresh interpreter that loads rewards.py alone (no torch) as ``rewards``, then runs ``body``."""
+    return textwrap.dedent(f"""
+        import importlib.util
+        spec = importlib.util.spec_from_file_location("rewards_alone", {rewards.__file__!r})
+        rewards = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(rewards)
+    """) + textwrap.dedent(body)
+
+
+def all_end(pids: list[int], within: float = 5.0) -> bool:
+    """Whether every process of ``pids`` has ended within ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not any(alive(p) for p in pids)
+
+
 @pytest.fixture(scope="module")
 def warm():
     assert rewards.accuracy_reward(["\\boxed{1}"], ["1"]) == [1.0]
@@ -226,12 +244,9 @@ def test_a_sigterm_to_the_workers_leaves_the_answers_to_the_parent(warm):
 def test_workers_end_with_a_parent_ended_by_sigterm(tmp_path):
     """A parent ended by SIGTERM runs no atexit handler; its workers, which ignore SIGTERM, end on their closed pipe."""
     script = tmp_path / "child.py"
-    script.write_text(textwrap.dedent(f"""
-        import importlib.util, os, signal
-        spec = importlib.util.spec_from_file_location("rewards_alone", {rewards.__file__!r})
-        rewards = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(rewards)
-        print(rewards.accuracy_reward(["\\\\boxed{{3}}"], ["3"]), flush=True)
+    script.write_text(rewards_alone("""
+        import os, signal
+        print(rewards.accuracy_reward(["\\\\boxed{3}"], ["3"]), flush=True)
         print(*rewards._POOL.pids(), flush=True)
         os.kill(os.getpid(), signal.SIGTERM)
     """))
@@ -240,10 +255,7 @@ def test_workers_end_with_a_parent_ended_by_sigterm(tmp_path):
     first, pids = out.stdout.splitlines()[:2]
     assert first == "[1.0]"
     pids = [int(p) for p in pids.split()]
-    deadline = time.monotonic() + 5
-    while any(alive(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert pids and not any(alive(p) for p in pids)
+    assert pids and all_end(pids)
 
 
 def test_unscreened_slow_answers_cost_at_most_the_bound_each(warm):
@@ -327,17 +339,14 @@ def test_workers_do_not_outlive_the_interpreter(tmp_path):
     # A fresh interpreter (rewards.py alone, no torch) scores from a non-main thread, leaves a worker busy on
     # a 60 s answer, and exits: its atexit handler must kill the workers, busy one included.
     script = tmp_path / "child.py"
-    script.write_text(textwrap.dedent(f"""
-        import importlib.util, sys, threading, time
-        spec = importlib.util.spec_from_file_location("rewards_alone", {rewards.__file__!r})
-        rewards = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(rewards)
+    script.write_text(rewards_alone("""
+        import sys, threading, time
         slow = rewards.make_accuracy_reward(60, prescreen=False)
         scored = threading.Event()
         def score():
-            print(rewards.accuracy_reward(["\\\\boxed{{3}}"], ["3"]), flush=True)
+            print(rewards.accuracy_reward(["\\\\boxed{3}"], ["3"]), flush=True)
             scored.set()
-            slow(["\\\\boxed{{(1+\\\\sqrt{{2}})^{{100000}}}}"], ["3"])
+            slow(["\\\\boxed{(1+\\\\sqrt{2})^{100000}}"], ["3"])
         threading.Thread(target=score, daemon=True).start()
         assert scored.wait(60)
         time.sleep(0.5)  # the slow answer is in the worker now
@@ -349,7 +358,4 @@ def test_workers_do_not_outlive_the_interpreter(tmp_path):
     assert first == "[1.0]"
     pids = [int(p) for p in pids.split()]
     assert len(pids) == 2  # the busy worker and the spare
-    deadline = time.monotonic() + 5
-    while any(alive(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not any(alive(p) for p in pids)
+    assert all_end(pids)
