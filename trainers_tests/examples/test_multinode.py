@@ -219,6 +219,7 @@ def test_slurm_train_launches_two_nodes_for_real_and_they_train_as_one_node_with
     from safetensors.torch import load_file
 
     from trainers_tests.examples.test_recipe_start import cpu_smoke_argv
+    from trainers_tests.helpers import script_finished
 
     bin_dir = Path(sys.executable).parent
     path = ROOT / "configs" / "erpo" / "qwen2.5-math-7b.yaml"
@@ -237,14 +238,14 @@ def test_slurm_train_launches_two_nodes_for_real_and_they_train_as_one_node_with
             SLURM_JOB_NODELIST="127.0.0.1,localhost", GPUS_PER_NODE="1", MAIN_PROCESS_PORT="29571",
             PYTHON=sys.executable, ACCELERATE_CONFIG="configs/accelerate/multi_cpu.yaml",
             FAKE_SRUN_NODE_LOCAL="TRL_VARIANTS_CACHE"))
-    assert two.returncode == 0, two.stdout[-2000:] + two.stderr[-3000:]
+    assert script_finished(two), two.stdout[-2000:] + two.stderr[-3000:]
     assert "on 2 node(s) x 1 = 2 processes" in two.stdout
     assert two.stdout.count("model saved to") == 1 and "(trained on 2 process(es))" in two.stdout
     one = subprocess.run(
         [str(bin_dir / "accelerate"), "launch", "--config_file", "configs/accelerate/multi_cpu.yaml",
          "--num_processes", "2", "--main_process_port", "29572", "examples/train_erpo.py", "--config", recipe, *argv,
          "--output_dir", str(tmp_path / "one")], cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
-    assert one.returncode == 0, one.stdout[-2000:] + one.stderr[-3000:]
+    assert script_finished(one), one.stdout[-2000:] + one.stderr[-3000:]
     start = load_file(str(Path(argv[argv.index("--model_name_or_path") + 1]) / "model.safetensors"))
     a, b = (load_file(str(tmp_path / run / "model.safetensors")) for run in ("one", "two"))
     assert all(torch.equal(a[k], b[k]) for k in a)

@@ -22,7 +22,7 @@ from transformers import TrainerCallback
 
 from trl_variants.registry import method_classes
 
-from ..helpers import DEFAULT_MODEL_PATH, small_config, train_dataset
+from ..helpers import DEFAULT_MODEL_PATH, script_finished, small_config, train_dataset
 from .test_checkpoints import _assert_same_run, checkpoint_dirs, text_reward
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -161,15 +161,6 @@ def _launch(out: Path, port: int, *flags: str, preempt_at_step: int | None = Non
     return subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT, timeout=400)
 
 
-def finished(proc: subprocess.CompletedProcess) -> bool:
-    """The run reached its end (its last line) and exited 0, or, after its last line, a process aborted in the
-    interpreter's own teardown ("terminate called without an active exception", no Python frame: torch's gloo at
-    exit on a loaded machine, with or without enable_jit_checkpoint; docs/reliability.md, "Preemption")."""
-    said = proc.stdout + proc.stderr
-    end = said.rfind("model saved to")
-    return end >= 0 and (proc.returncode == 0 or "terminate called without an active exception" in said[end:])
-
-
 @pytest.mark.slow
 def test_two_processes_stopped_by_sigterm_save_the_same_step_and_resume_exactly(tmp_path):
     """SIGTERM to ``torchrun`` during step 3 (inside the rollout of steps 3-4): both processes finish step 3, agree,
@@ -178,7 +169,7 @@ def test_two_processes_stopped_by_sigterm_save_the_same_step_and_resume_exactly(
     from safetensors.torch import load_file
 
     whole = _launch(tmp_path / "whole", 29581)
-    assert finished(whole), whole.stdout[-2000:] + whole.stderr[-3000:]
+    assert script_finished(whole), whole.stdout[-2000:] + whole.stderr[-3000:]
     stopped = _launch(tmp_path / "run", 29582, preempt_at_step=3)
     said = stopped.stdout + stopped.stderr
     assert stopped.returncode != 0, said[-3000:]  # 143 from each worker; torchrun reports the signal
@@ -191,7 +182,7 @@ def test_two_processes_stopped_by_sigterm_save_the_same_step_and_resume_exactly(
     assert json.loads((checkpoint / "trainer_state.json").read_text())["global_step"] == 3
     assert not (tmp_path / "run" / "model.safetensors").exists()  # the final save is the finished run's
     resumed = _launch(tmp_path / "run", 29583, "--resume_from_checkpoint", "true")
-    assert finished(resumed), resumed.stdout[-2000:] + resumed.stderr[-3000:]
+    assert script_finished(resumed), resumed.stdout[-2000:] + resumed.stderr[-3000:]
     a, b = (load_file(str(tmp_path / run / "model.safetensors")) for run in ("whole", "run"))
     assert all(torch.equal(a[k], b[k]) for k in a)
 
