@@ -1,4 +1,4 @@
-"""A run stopped by SIGTERM (a cluster preempting the job, or its time limit with ``#SBATCH --signal=TERM@<s>``) ends
+"""A run stopped by SIGTERM (a cluster preempting the job, or its time limit with ``#SBATCH --signal=B:TERM@<s>``) ends
 with a checkpoint that resumes exactly, on every process at the same step: transformers' ``enable_jit_checkpoint``,
 kept as the switch, with the save moved to the end of an optimizer step agreed by all processes.
 
