@@ -332,6 +332,15 @@ def smoke_flags(recipe: Path) -> dict[str, str]:
     return flag_values(smoke_argv(recipe))
 
 
+def prompts_per_step(method: str) -> int:
+    """Prompts per optimizer step of ``method``'s paper-recipe smoke command on 2 processes (its
+    per_device_train_batch_size on each, ``num_generations`` completions per prompt)."""
+    import yaml
+
+    generations = yaml.safe_load(paper_recipe(method).read_text())["num_generations"]
+    return max(1, 2 * int(smoke_flags(paper_recipe(method))["--per_device_train_batch_size"]) // generations)
+
+
 def flag_values(argv: list[str]) -> dict[str, str]:
     """The ``--flag value`` pairs of ``argv`` (the last value of each)."""
     return {a: b for a, b in zip(argv, argv[1:], strict=False) if a.startswith("--")}
@@ -399,18 +408,16 @@ def check_paper_resume(args, out: Path) -> None:
     import tempfile
 
     import torch  # noqa: F401  (safetensors.torch needs it)
-    import yaml
     from safetensors.torch import load_file
 
     work = out / "runs"
     work.mkdir(parents=True, exist_ok=True)
     rows, port = [], 29950
     for method in args.trainers:
-        own = yaml.safe_load(paper_recipe(method).read_text())
         # two rollout batches of the smoke command's (its per_device_train_batch_size on 2 processes); DPH-RL's offline
         # pass moves some of them to D_pef, so it gets twice as many and 6 steps
         smoke = smoke_flags(paper_recipe(method))
-        per_step = max(1, 2 * int(smoke["--per_device_train_batch_size"]) // own["num_generations"])
+        per_step = prompts_per_step(method)
         prompts, steps = (4 * per_step, 6) if method == "dph" else (2 * per_step, 4)
         for backend in ["multi_cpu", *args.backends]:
             with tempfile.TemporaryDirectory() as tmp:

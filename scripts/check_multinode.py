@@ -36,11 +36,10 @@ from check_distributed_backends import (  # noqa: E402  (the other distributed c
     TIMING,
     merged,
     paper_command,
-    paper_recipe,
     param_cell,
+    prompts_per_step,
     run,
     saved,
-    smoke_flags,
     write_table,
 )
 
@@ -152,16 +151,11 @@ def check_nodes_resume(args, out: Path) -> None:
     """``--resume``: 4 steps on 2 nodes with a checkpoint every step and 2 steps per rollout; new processes resume
     from checkpoint-3 (inside the second rollout) on 2 nodes, and on 1 node x 2 processes; each resumed run's final
     weights and logged steps against the uninterrupted run's."""
-    import yaml
-
     work = out / "runs"
     work.mkdir(parents=True, exist_ok=True)
     rows, port = [], 30300
     for method in args.trainers:
-        own = yaml.safe_load(paper_recipe(method).read_text())
-        per_step = max(1, 2 * int(smoke_flags(paper_recipe(method))["--per_device_train_batch_size"])
-                       // own["num_generations"])
-        prompts = (8 if method == "dph" else 4) * per_step  # DPH-RL's offline pass moves some to D_pef
+        prompts = (8 if method == "dph" else 4) * prompts_per_step(method)  # DPH-RL's offline pass moves some to D_pef
         for backend in args.backends:
             with tempfile.TemporaryDirectory() as tmp:
                 tmp = Path(tmp)
@@ -226,32 +220,27 @@ def check_nodes_preempt(args, out: Path) -> None:
     import re
 
     import torch  # noqa: F401  (safetensors.torch needs it)
-    from check_preemption import ZERO_REWARD
+    from check_preemption import preempt_env, preempt_flags
     from safetensors.torch import load_file
 
     work = out / "runs"
     work.mkdir(parents=True, exist_ok=True)
     rows, port = [], 30700
     for method in args.trainers:
-        own = yaml_recipe(method)
         for backend in args.backends:
             row = {"trainer": method, "backend": backend, "error": ""}
             start = time.time()
             with tempfile.TemporaryDirectory() as tmp:
                 tmp = Path(tmp)
-                common = ["--max_steps", "6", "--steps_per_generation", "2", "--dataset_train_split",
-                          f"train[:{(8 if method == 'dph' else 4) * per_step_prompts(method, own)}]",
-                          "--save_strategy", "no", "--enable_jit_checkpoint", "true", "--logging_steps", "1",
-                          "--reward_funcs", *own["reward_funcs"], ZERO_REWARD]
+                common = preempt_flags(method)
                 runs = {}
                 for name, flags in (("whole", []), ("run", []), ("resumed", ["--resume_from_checkpoint", "true"])):
                     port += 1
                     output = tmp / ("whole" if name == "whole" else "run")
                     cmd, env = two_nodes(method, backend, port, tmp / name / method,
                                          [*common, "--output_dir", str(output), *flags])
-                    env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH"), str(ROOT)) if p)
+                    env = preempt_env(env, 3 if name == "run" else None)
                     if name == "run":  # the script's own pid: bash execs it (the reward signals it at step 3)
-                        env["PREEMPT_AT_STEP"] = "3"
                         cmd = ["bash", "-c", 'export PREEMPT_PID=$$; exec "$@"', "bash", *cmd]
                     log = work / f"multinode-preempt-{method}-{backend}-{name}.log"
                     ok, error = run(cmd, env, log, timeout=900, cwd=ROOT,
@@ -286,17 +275,6 @@ def check_nodes_preempt(args, out: Path) -> None:
                  "resumed": lambda r: "yes" if r.get("resumed") else "no",
                  "max parameter diff to the uninterrupted run": param_cell,
                  "seconds": lambda r: r["seconds"]}, script="check_multinode.py")
-
-
-def yaml_recipe(method: str) -> dict:
-    import yaml
-
-    return yaml.safe_load(paper_recipe(method).read_text())
-
-
-def per_step_prompts(method: str, own: dict) -> int:
-    """Prompts per optimizer step of the smoke command on 2 processes."""
-    return max(1, 2 * int(smoke_flags(paper_recipe(method))["--per_device_train_batch_size"]) // own["num_generations"])
 
 
 def main() -> None:

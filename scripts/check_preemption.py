@@ -33,8 +33,8 @@ from check_distributed_backends import (  # noqa: E402  (the other distributed c
     paper_command,
     paper_recipe,
     param_cell,
+    prompts_per_step,
     run,
-    smoke_flags,
     write_table,
 )
 
@@ -42,20 +42,31 @@ BACKENDS = {"ddp": "multi_cpu", "zero2": "zero2", "zero3": "zero3", "fsdp2": "fs
 ZERO_REWARD = "trainers_tests.reliability.test_preemption.preempting_zero_reward"
 
 
-def launch(method: str, backend: str, port: int, tmp: Path, out: Path, flags: list[str], preempt_at: int | None):
-    own = yaml.safe_load(paper_recipe(method).read_text())
-    per_step = max(1, 2 * int(smoke_flags(paper_recipe(method))["--per_device_train_batch_size"])
-                   // own["num_generations"])
-    prompts = (8 if method == "dph" else 4) * per_step  # DPH-RL's offline pass moves some to D_pef
-    cmd, env = paper_command(method, BACKENDS[backend], port, tmp, [
-        "--max_steps", "6", "--steps_per_generation", "2", "--dataset_train_split", f"train[:{prompts}]",
-        "--save_strategy", "no", "--enable_jit_checkpoint", "true", "--logging_steps", "1",
-        "--reward_funcs", *own["reward_funcs"], ZERO_REWARD, "--output_dir", str(out), *flags])
+def preempt_flags(method: str) -> list[str]:
+    """The flags of every run of these checks: 6 steps, a rollout of 2 steps, two epochs' worth of prompts (DPH-RL's
+    offline pass moves some to D_pef: twice as many), no scheduled save, the checkpoint on SIGTERM, and the recipe's
+    rewards plus the preempting reward of 0."""
+    prompts = (8 if method == "dph" else 4) * prompts_per_step(method)
+    rewards = yaml.safe_load(paper_recipe(method).read_text())["reward_funcs"]
+    return ["--max_steps", "6", "--steps_per_generation", "2", "--dataset_train_split", f"train[:{prompts}]",
+            "--save_strategy", "no", "--enable_jit_checkpoint", "true", "--logging_steps", "1",
+            "--reward_funcs", *rewards, ZERO_REWARD]
+
+
+def preempt_env(env: dict, preempt_at: int | None) -> dict:
+    """``env`` with the repository importable (the preempting reward lives in the suite) and ``PREEMPT_AT_STEP``
+    set to ``preempt_at`` (removed for None)."""
     env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH"), str(ROOT)) if p)
     env.pop("PREEMPT_AT_STEP", None)
     if preempt_at is not None:
         env["PREEMPT_AT_STEP"] = str(preempt_at)
-    return cmd, env
+    return env
+
+
+def launch(method: str, backend: str, port: int, tmp: Path, out: Path, flags: list[str], preempt_at: int | None):
+    cmd, env = paper_command(method, BACKENDS[backend], port, tmp,
+                             [*preempt_flags(method), "--output_dir", str(out), *flags])
+    return cmd, preempt_env(env, preempt_at)
 
 
 def check(args, out: Path) -> None:
