@@ -27,7 +27,8 @@ autocast or DeepSpeed, where they stay float32. EEPO's unlearning loss was then 
 rounds to 1 in bf16) and its first step made every weight NaN; ERPO's Query-KL (a rounding-level number at the first
 step, where policy and reference agree) differed from ZeRO's. The trainers here keep float32
 outputs (:func:`float32_outputs_under_fsdp`, through the FSDP plugin's public ``mixed_precision_policy``): the
-parameters still gather and compute in bf16 and gradients still reduce in the plugin's dtype.
+parameters still gather and compute in bf16 and gradients still reduce in the plugin's dtype. The LM head still gets
+its input in bf16 (:func:`backbone_output_in_compute_dtype`: torch 2.11 would hand it float32).
 """
 
 from __future__ import annotations
@@ -244,6 +245,40 @@ def float32_outputs_under_fsdp(accelerator, trainer_name: str) -> bool:
     return True
 
 
+def backbone_output_in_compute_dtype(model, accelerator):
+    """Under FSDP2 with float32 module outputs (:func:`float32_outputs_under_fsdp`), hand the LM head its input in
+    the compute dtype on every torch version. Accelerate 1.15 shards the final norm and the LM head as one unit (with
+    the input embeddings when they are tied to the head, as in Qwen2.5-0.5B or SmolLM2). torch 2.11 casts a unit's
+    inputs to the compute dtype only where its first module runs (torch 2.13 casts them for each module): a tied
+    model's norm then got the decoder layers' float32 outputs, returned float32, and the bf16 head failed the first
+    generate ("expected mat1 and mat2 to have the same dtype"; every trainer, one H100, 2026-11-28). A forward hook on
+    the backbone (``model.base_model``, whose output TRL's fused head reads too) casts its last hidden state to the
+    compute dtype; where torch cast it already, it changes nothing. Returns the hook's handle, or None where no hook
+    is needed (no FSDP2 mixed precision with float32 outputs, or no separate backbone)."""
+    plugin = getattr(accelerator.state, "fsdp_plugin", None)
+    policy = getattr(plugin, "mixed_precision_policy", None)
+    low = getattr(policy, "param_dtype", None)
+    if low not in (torch.bfloat16, torch.float16) or getattr(policy, "output_dtype", None) != torch.float32:
+        return None
+    from peft import PeftModel
+
+    base = model.get_base_model() if isinstance(model, PeftModel) else model
+    backbone = getattr(base, "base_model", None)
+    if not isinstance(backbone, torch.nn.Module) or backbone is base:
+        return None
+
+    def cast(module, args, output):
+        hidden = output[0] if isinstance(output, tuple) else getattr(output, "last_hidden_state", None)
+        if not torch.is_tensor(hidden) or not hidden.is_floating_point() or hidden.dtype == low:
+            return None
+        if isinstance(output, tuple):
+            return (hidden.to(low), *output[1:])
+        output.last_hidden_state = hidden.to(low)
+        return output
+
+    return backbone.register_forward_hook(cast)
+
+
 # ---------------------------------------------------------------------------------------- non-finite values ---
 def _local(tensor):
     """The part of ``tensor`` this process holds: a DTensor's local shard (FSDP2), a ZeRO-3 parameter's partition."""
@@ -312,7 +347,8 @@ class FiniteTrainingMixin:
     """Mix into a GRPOTrainer subclass, before GRPOTrainer: the master-weights rule (before the model loads), float32
     module outputs under FSDP mixed precision (:meth:`create_accelerator_and_postprocess`) and the non-finite guards
     of this module: the loss at every micro-step (:meth:`training_step`), the gradients and weights at every
-    optimizer step (:class:`FiniteGuard`), the logits of every generation (:meth:`_generate_single_turn`)."""
+    optimizer step (:class:`FiniteGuard`), the logits of every generation (:meth:`_generate_single_turn`); under
+    FSDP2 with those float32 outputs, the LM head's input in the compute dtype (:func:`backbone_output_in_compute_dtype`)."""
 
     def __init__(self, model, reward_funcs=None, args=None, *rest, **kwargs):
         if args is not None:
@@ -320,6 +356,7 @@ class FiniteTrainingMixin:
             check_fsdp_lm_head_cast(model, args, type(self).__name__, kwargs.get("peft_config"))
         super().__init__(model, reward_funcs, args, *rest, **kwargs)
         self.add_callback(FiniteGuard(self))
+        backbone_output_in_compute_dtype(self.accelerator.unwrap_model(self.model), self.accelerator)
 
     def create_accelerator_and_postprocess(self):
         super().create_accelerator_and_postprocess()

@@ -16,7 +16,9 @@ parameters, its float32 upcast under mixed precision, its full state dict on sav
    trainer's own state); a second launch resumed from step 2 ends with the same weights, bit for bit.
 3. Under bf16 mixed precision the log-probs reach the losses in float32 (Accelerate's FSDP2 policy casts module
    outputs to bf16; the trainers set float32 outputs, ``_numerics.float32_outputs_under_fsdp``): EEPO's unlearning
-   loss on bf16 log-probs was infinite and its first step made every weight NaN.
+   loss on bf16 log-probs was infinite and its first step made every weight NaN. With torch 2.11 (an H100, 2026-11-28)
+   those float32 outputs reached the tied model's LM head uncast and every trainer failed its first rollout; the
+   harness reproduces torch 2.11's grouped hooks on the suite's torch (``HARNESS_GROUPED_HOOKS``).
 """
 
 import json
@@ -71,6 +73,24 @@ def test_a_bf16_policy_under_fsdp2_mixed_precision_from_the_launcher_trains_in_f
     assert all(torch.equal(resumed[k], weights[k]) for k in weights)  # resumed at step 2: the same step 3
     log_resumed = json.loads((tmp_path / "resumed" / "log_history.json").read_text())
     assert [h["loss"] for h in log_resumed if "loss" in h] == [h["loss"] for h in log if "loss" in h]
+
+
+@pytest.mark.slow
+def test_bf16_mixed_precision_trains_with_torch_2_11s_grouped_fsdp_hooks(tmp_path):
+    """Accelerate shards the final norm and the LM head as one FSDP2 unit, with the input embeddings when they are
+    tied to the head (as in the tiny model, Qwen2.5-0.5B and SmolLM2). torch 2.11 casts a unit's inputs to the compute
+    dtype only where its first module runs (the embeddings here), so the decoder layers' float32 outputs (float32
+    module outputs, above) reached the norm and the bf16 head as they were: "expected mat1 and mat2 to have the same
+    dtype" at the first generate, for every trainer, on an H100 (results/gpu/README.md). The trainers now hand the head
+    its input in the compute dtype (``_numerics.backbone_output_in_compute_dtype``)."""
+    observed = launch_fsdp2("erpo", tmp_path / "run", 29669, mixed_precision="bf16", dtype="bfloat16",
+                            HARNESS_GROUPED_HOOKS="first_only")
+    assert observed["steps_run"] == 3 and observed["logps_dtypes"] == ["torch.float32"]
+    log = [h for h in json.loads((tmp_path / "run" / "log_history.json").read_text()) if "loss" in h]
+    assert len(log) == 3 and all(torch.isfinite(torch.tensor(h["loss"])) for h in log), log
+    weights = load_file(str(tmp_path / "run" / "model.safetensors"))
+    start = load_file(str(ROOT / "trl_variants/default/assets/model.safetensors"))
+    assert max((weights[k] - start[k]).abs().max().item() for k in start) > 1e-4  # it trained
 
 
 @pytest.mark.slow
