@@ -253,7 +253,8 @@ def backbone_output_in_compute_dtype(model, accelerator):
     model's norm then got the decoder layers' float32 outputs, returned float32, and the bf16 head failed the first
     generate ("expected mat1 and mat2 to have the same dtype"; every trainer, one H100, 2026-11-28). A forward hook on
     the backbone (``model.base_model``, whose output TRL's fused head reads too) casts its last hidden state to the
-    compute dtype; where torch cast it already, it changes nothing. Returns the hook's handle, or None where no hook
+    dtype of the head's weights at that moment (the compute dtype while FSDP runs it; float32 before FSDP shards the
+    model, as in the offline passes); where torch cast it already, it changes nothing. Returns the hook's handle, or None where no hook
     is needed (no FSDP2 mixed precision with float32 outputs, or no separate backbone)."""
     plugin = getattr(accelerator.state, "fsdp_plugin", None)
     policy = getattr(plugin, "mixed_precision_policy", None)
@@ -267,13 +268,15 @@ def backbone_output_in_compute_dtype(model, accelerator):
     if not isinstance(backbone, torch.nn.Module) or backbone is base:
         return None
 
-    def cast(module, args, output):
+    def cast(module, args, output):  # to the dtype the head computes in now (FSDP's unsharded bf16 weights under
+        # it; float32 before FSDP shards the model, e.g. in DPH-RL's or A*-PO's offline pass)
+        weight = getattr(base.get_output_embeddings(), "weight", None)
         hidden = output[0] if isinstance(output, tuple) else getattr(output, "last_hidden_state", None)
-        if not torch.is_tensor(hidden) or not hidden.is_floating_point() or hidden.dtype == low:
+        if weight is None or not torch.is_tensor(hidden) or not hidden.is_floating_point() or hidden.dtype == weight.dtype:
             return None
         if isinstance(output, tuple):
-            return (hidden.to(low), *output[1:])
-        output.last_hidden_state = hidden.to(low)
+            return (hidden.to(weight.dtype), *output[1:])
+        output.last_hidden_state = hidden.to(weight.dtype)
         return output
 
     return backbone.register_forward_hook(cast)

@@ -76,14 +76,17 @@ def test_a_bf16_policy_under_fsdp2_mixed_precision_from_the_launcher_trains_in_f
 
 
 @pytest.mark.slow
-def test_bf16_mixed_precision_trains_with_torch_2_11s_grouped_fsdp_hooks(tmp_path):
+@pytest.mark.parametrize("trainer, dtype", [("erpo", "bfloat16"), ("dph", "float32")])
+def test_bf16_mixed_precision_trains_with_torch_2_11s_grouped_fsdp_hooks(tmp_path, trainer, dtype):
     """Accelerate shards the final norm and the LM head as one FSDP2 unit, with the input embeddings when they are
     tied to the head (as in the tiny model, Qwen2.5-0.5B and SmolLM2). torch 2.11 casts a unit's inputs to the compute
     dtype only where its first module runs (the embeddings here), so the decoder layers' float32 outputs (float32
     module outputs, above) reached the norm and the bf16 head as they were: "expected mat1 and mat2 to have the same
     dtype" at the first generate, for every trainer, on an H100 (results/gpu/README.md). The trainers now hand the head
-    its input in the compute dtype (``_numerics.backbone_output_in_compute_dtype``)."""
-    observed = launch_fsdp2("erpo", tmp_path / "run", 29669, mixed_precision="bf16", dtype="bfloat16",
+    its input in its own dtype (``_numerics.backbone_output_in_compute_dtype``). DPH-RL with a float32 policy: its
+    offline pass generates from the model before FSDP shards it, in float32 (a cast to the compute dtype there failed
+    the other way on the H100)."""
+    observed = launch_fsdp2(trainer, tmp_path / "run", 29669 + (trainer == "dph"), mixed_precision="bf16", dtype=dtype,
                             HARNESS_GROUPED_HOOKS="first_only")
     assert observed["steps_run"] == 3 and observed["logps_dtypes"] == ["torch.float32"]
     log = [h for h in json.loads((tmp_path / "run" / "log_history.json").read_text()) if "loss" in h]
