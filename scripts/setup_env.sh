@@ -9,7 +9,7 @@
 # importable) it prints "environment up to date, nothing installed" and calls no pip, so a second run works offline.
 # Edit pyproject.toml, change TORCH_SPEC or remove the stamp to install again.
 #
-# torch: 2.13.0 is the version CI uses (any torch >= 2.6 works); set TORCH_SPEC to choose another (pip arguments,
+# torch: 2.13.0 is the version CI uses (the GPU runs used 2.11); set TORCH_SPEC to choose another (pip arguments,
 # split on spaces). On Linux x86_64 pip's default torch wheel is a CUDA build: several GB with its nvidia-* wheels.
 # On a machine without a GPU the CPU-only build (about 200 MB) comes from PyTorch's CPU wheel index:
 #   TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu" bash scripts/setup_env.sh

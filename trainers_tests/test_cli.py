@@ -494,3 +494,24 @@ def test_a_final_save_without_weights_is_an_error_before_the_card_and_the_push(t
     (tmp_path / "model.safetensors").unlink()
     (tmp_path / "adapter_model.safetensors").write_bytes(b"")  # a PEFT run saves its adapter
     run.check_saved_weights(trainer, str(tmp_path))
+
+
+def test_weights_an_earlier_run_left_in_the_output_dir_are_not_taken_for_the_final_save(tmp_path):
+    """A reused output_dir holds the last run's model.safetensors: a final save that writes nothing (ZeRO-3 without
+    zero3_save_16bit_model) passed the check, and the card and the push went out with the earlier run's weights."""
+    from types import SimpleNamespace
+
+    from trl_variants.training import run
+
+    trainer = SimpleNamespace(accelerator=SimpleNamespace(is_main_process=True, num_processes=1))
+    (tmp_path / "model.safetensors").write_bytes(b"earlier run")
+    before = run.weight_files(str(tmp_path))
+    assert set(before) == {"model.safetensors"}
+    with pytest.raises(RuntimeError, match="only model.safetensors from an earlier run.*zero3_save_16bit_model"):
+        run.check_saved_weights(trainer, str(tmp_path), before)
+    (tmp_path / "model.safetensors").unlink()
+    (tmp_path / "model.safetensors").write_bytes(b"this run's weights")  # rewritten by the save: accepted
+    run.check_saved_weights(trainer, str(tmp_path), before)
+    before = run.weight_files(str(tmp_path))
+    (tmp_path / "adapter_model.safetensors").write_bytes(b"")  # or a weight file the save wrote beside it
+    run.check_saved_weights(trainer, str(tmp_path), before)

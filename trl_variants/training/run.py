@@ -102,10 +102,11 @@ def train_and_save(trainer, training_args, script_args):
         trainer.accelerator.wait_for_everyone()
         trainer.accelerator.end_training()
         raise SystemExit(SIGTERM_EXIT_CODE)
+    before = weight_files(training_args.output_dir) if trainer.accelerator.is_main_process else None
     with full_state_dict_for_final_save(trainer):  # the whole model under FSDP; no push yet (transformers' public
         # save_model pushes when push_to_hub is set, before the check and the card): the push is below
         trainer.save_model(training_args.output_dir, _internal_call=True)
-    check_saved_weights(trainer, training_args.output_dir)  # before the card and the push
+    check_saved_weights(trainer, training_args.output_dir, before)  # before the card and the push
     # the Hub link of the card: none for the embedded task or a mixture
     dataset_name = None if uses_embedded(script_args) or script_args.datasets else script_args.dataset_name
     hub_id = training_args.hub_model_id
@@ -124,19 +125,37 @@ WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "adapter_mo
                 "pytorch_model.bin", "pytorch_model.bin.index.json", "adapter_model.bin")
 
 
-def check_saved_weights(trainer, output_dir: str) -> None:
+def weight_files(output_dir: str) -> dict:
+    """The weight files in ``output_dir`` (:data:`WEIGHT_FILES`), each with what a save that writes it changes (its
+    modification time, size and inode)."""
+    found = {}
+    for name in WEIGHT_FILES:
+        path = os.path.join(output_dir, name)
+        if os.path.exists(path):
+            st = os.stat(path)
+            found[name] = (st.st_mtime_ns, st.st_size, st.st_ino)
+    return found
+
+
+def check_saved_weights(trainer, output_dir: str, before: dict | None = None) -> None:
     """The final save wrote the weights (a model's or a PEFT adapter's) to ``output_dir``, else an error on every
     process, before the model card and the Hub push. transformers skips them without an error under DeepSpeed ZeRO-3
-    with ``stage3_gather_16bit_weights_on_model_save`` off (a warning, and a DeepSpeed checkpoint instead). The main
-    process looks (the one that saved; another node may not see its disk) and tells the others."""
+    with ``stage3_gather_16bit_weights_on_model_save`` off (a warning, and a DeepSpeed checkpoint instead). With
+    ``before`` (:func:`weight_files` before the save), weights an earlier run left in a reused ``output_dir`` and the
+    save did not touch count as none. The main process looks (the one that saved; another node may not see its disk)
+    and tells the others."""
     problem = None
-    if trainer.accelerator.is_main_process and not any(os.path.exists(os.path.join(output_dir, name))
-                                                       for name in WEIGHT_FILES):
-        problem = (f"the final save wrote no model weights to {output_dir} (none of {', '.join(WEIGHT_FILES[:3])}). "
-                   "Under DeepSpeed ZeRO-3, set `zero3_save_16bit_model: true` in the accelerate config's "
-                   "deepspeed_config (`stage3_gather_16bit_weights_on_model_save: true` in a DeepSpeed JSON; "
-                   "configs/accelerate/zero3.yaml does), or recover them from the DeepSpeed checkpoint there with "
-                   "DeepSpeed's zero_to_fp32.py. The checkpoints in it resume the run")
+    if trainer.accelerator.is_main_process:
+        after = weight_files(output_dir)
+        stale = bool(after) and before is not None and all(before.get(name) == seen for name, seen in after.items())
+        if not after or stale:
+            found = (f"only {', '.join(after)} from an earlier run, which this save left as it was" if stale
+                     else f"none of {', '.join(WEIGHT_FILES[:3])}")
+            problem = (f"the final save wrote no model weights to {output_dir} ({found}). "
+                       "Under DeepSpeed ZeRO-3, set `zero3_save_16bit_model: true` in the accelerate config's "
+                       "deepspeed_config (`stage3_gather_16bit_weights_on_model_save: true` in a DeepSpeed JSON; "
+                       "configs/accelerate/zero3.yaml does), or recover them from the DeepSpeed checkpoint there with "
+                       "DeepSpeed's zero_to_fp32.py. The checkpoints in it resume the run")
     if trainer.accelerator.num_processes > 1:
         from accelerate.utils import broadcast_object_list
 
