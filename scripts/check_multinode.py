@@ -22,6 +22,7 @@ About 20 (``--resume``: 30) minutes on 2 cores.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -75,6 +76,19 @@ def two_nodes(method: str, backend: str, port: int, tmp: Path, flags: list[str])
                ACCELERATE_CONFIG=str(ROOT / "configs" / "accelerate" / f"{MULTI_NODE[backend]}.yaml"),
                FAKE_SRUN_NODE_LOCAL="TRL_VARIANTS_CACHE")
     return ["bash", str(ROOT / "scripts" / "slurm_train.sh"), str(recipe), *argv], env
+
+
+def two_nodes_run(method: str, backend: str, tmp: Path, name: str, port: int, output: Path, flags: list[str],
+                  preempt_at: int | None) -> tuple[list[str], dict]:
+    """Run ``name`` of a ``--preempt`` row (``check_preemption.preempt_and_resume``) on 2 nodes, into ``output``; the
+    run to preempt exports the batch script's own pid (bash execs it), which the preempting reward signals."""
+    from check_preemption import preempt_env, preempt_flags
+
+    cmd, env = two_nodes(method, backend, port, tmp / name / method,
+                         [*preempt_flags(method), "--output_dir", str(output), *flags])
+    if preempt_at is not None:
+        cmd = ["bash", "-c", 'export PREEMPT_PID=$$; exec "$@"', "bash", *cmd]
+    return cmd, preempt_env(env, preempt_at)
 
 
 def compare_runs(a: Path, b: Path, step: int) -> dict:
@@ -217,50 +231,19 @@ def check_nodes_preempt(args, out: Path) -> None:
     to ``scripts/slurm_train.sh`` itself during step 3 (as ``#SBATCH --signal=B:TERM@<s>`` signals the batch script,
     which passes it to the training step: the stand-in srun hands it to each node's ``accelerate launch``); and
     resumed on 2 nodes (``--resume_from_checkpoint true``): the resumed run's weights against the uninterrupted run's."""
-    import re
-
-    import torch  # noqa: F401  (safetensors.torch needs it)
-    from check_preemption import preempt_env, preempt_flags
-    from safetensors.torch import load_file
+    from check_preemption import RUNS, preempt_and_resume
 
     work = out / "runs"
     work.mkdir(parents=True, exist_ok=True)
     rows, port = [], 30700
     for method in args.trainers:
         for backend in args.backends:
-            row = {"trainer": method, "backend": backend, "error": ""}
             start = time.time()
+            port += len(RUNS)
+            logs = {name: work / f"multinode-preempt-{method}-{backend}-{name}.log" for name in RUNS}
             with tempfile.TemporaryDirectory() as tmp:
-                tmp = Path(tmp)
-                common = preempt_flags(method)
-                runs = {}
-                for name, flags in (("whole", []), ("run", []), ("resumed", ["--resume_from_checkpoint", "true"])):
-                    port += 1
-                    output = tmp / ("whole" if name == "whole" else "run")
-                    cmd, env = two_nodes(method, backend, port, tmp / name / method,
-                                         [*common, "--output_dir", str(output), *flags])
-                    env = preempt_env(env, 3 if name == "run" else None)
-                    if name == "run":  # the script's own pid: bash execs it (the reward signals it at step 3)
-                        cmd = ["bash", "-c", 'export PREEMPT_PID=$$; exec "$@"', "bash", *cmd]
-                    log = work / f"multinode-preempt-{method}-{backend}-{name}.log"
-                    ok, error = run(cmd, env, log, timeout=900, cwd=ROOT,
-                                    finished=(lambda text: True) if name == "run" else saved)
-                    runs[name] = log.read_text()
-                    if name == "run":
-                        stopped = re.search(r"stopped by SIGTERM after step (\d+) of", runs[name])
-                        row["stopped_after"] = int(stopped.group(1)) if stopped else None
-                        row["checkpoints"] = sorted(q.name for q in output.glob("checkpoint-*"))
-                        row["final_model_saved"] = (output / "model.safetensors").exists()
-                        ok = stopped is not None and bool(row["checkpoints"])
-                        error = "" if ok else (error or "no 'stopped by SIGTERM' line or no checkpoint")
-                    row[name] = ok
-                    if not ok:
-                        row["error"] = f"{name}: {error}"
-                        break
-                if row.get("resumed"):
-                    wa, wb = (load_file(str(tmp / d / "model.safetensors")) for d in ("whole", "run"))
-                    row["max_param_diff"] = max((wa[k].float() - wb[k].float()).abs().max().item()
-                                                for k in wa if k in wb)
+                launch = functools.partial(two_nodes_run, method, backend, Path(tmp))
+                row = {"trainer": method, "backend": backend, **preempt_and_resume(launch, port, Path(tmp), logs)}
             row["seconds"] = round(time.time() - start)
             rows.append(row)
             print(json.dumps(row), flush=True)

@@ -16,6 +16,7 @@ parameter difference to the uninterrupted one. Writes ``results/distributed/pree
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import re
@@ -35,6 +36,7 @@ from check_distributed_backends import (  # noqa: E402  (the other distributed c
     param_cell,
     prompts_per_step,
     run,
+    saved,
     write_table,
 )
 
@@ -63,62 +65,68 @@ def preempt_env(env: dict, preempt_at: int | None) -> dict:
     return env
 
 
-def launch(method: str, backend: str, port: int, tmp: Path, out: Path, flags: list[str], preempt_at: int | None):
+RUNS = ("whole", "run", "resumed")  # the three runs of a row, each on its own rendezvous port (the row's + index)
+
+
+def one_node(method: str, backend: str, tmp: Path, name: str, port: int, output: Path, flags: list[str],
+             preempt_at: int | None) -> tuple[list[str], dict]:
+    """Run ``name`` of a row on 1 node x 2 processes (``accelerate launch``), into ``output``."""
     cmd, env = paper_command(method, BACKENDS[backend], port, tmp,
-                             [*preempt_flags(method), "--output_dir", str(out), *flags])
+                             [*preempt_flags(method), "--output_dir", str(output), *flags])
     return cmd, preempt_env(env, preempt_at)
 
 
-def check(args, out: Path) -> None:
+def preempt_and_resume(launch, port: int, tmp: Path, logs: dict) -> dict:
+    """One (recipe, backend) of the preemption checks: the run uninterrupted (into ``tmp/whole``); the same run with
+    a SIGTERM during step 3 (into ``tmp/run``): the step it stopped after, what its last checkpoint holds, whether it
+    saved a final model (it should not); and the run resumed from what that left, its weights against the
+    uninterrupted run's. ``launch(name, port, output_dir, flags, preempt_at)`` gives each run's command and
+    environment (:func:`one_node`; two nodes: ``check_multinode.two_nodes_run``); ``logs[name]`` is its log."""
     import torch  # noqa: F401  (safetensors.torch needs it)
     from safetensors.torch import load_file
 
+    whole, stopped_run = tmp / "whole", tmp / "run"
+    row = {}
+    cmd, env = launch("whole", port, whole, [], None)
+    ok, error = run(cmd, env, logs["whole"], timeout=900, cwd=ROOT, finished=saved)
+    row["ran"] = ok
+    if ok:
+        cmd, env = launch("run", port + 1, stopped_run, [], 3)
+        _, error = run(cmd, env, logs["run"], timeout=900, cwd=ROOT, finished=lambda text: True)
+        stopped = re.search(r"stopped by SIGTERM after step (\d+) of", logs["run"].read_text())
+        row["stopped_after"] = int(stopped.group(1)) if stopped else None
+        row["checkpoints"] = sorted(p.name for p in stopped_run.glob("checkpoint-*"))
+        if row["checkpoints"]:
+            last = stopped_run / row["checkpoints"][-1]
+            row["complete"] = (last / "trainer_state.json").exists()
+            row["rng_states"] = len(list(last.glob("rng_state_*.pth")))
+            row["rollouts"] = len(list(last.glob("rollout_*.pt")))
+        row["final_model_saved"] = (stopped_run / "model.safetensors").exists()
+        ok = stopped is not None and row.get("complete", False)
+        error = error or ("" if ok else "no 'stopped by SIGTERM' line or no complete checkpoint")
+    if ok:
+        cmd, env = launch("resumed", port + 2, stopped_run, ["--resume_from_checkpoint", "true"], None)
+        ok, error = run(cmd, env, logs["resumed"], timeout=900, cwd=ROOT, finished=saved)
+        row["resumed"] = ok
+        if ok:
+            wa, wb = (load_file(str(d / "model.safetensors")) for d in (whole, stopped_run))
+            row["max_param_diff"] = max((wa[k].float() - wb[k].float()).abs().max().item() for k in wa if k in wb)
+    row["error"] = error
+    return row
+
+
+def check(args, out: Path) -> None:
     work = out / "runs"
     work.mkdir(parents=True, exist_ok=True)
     rows, port = [], 30500
     for method in args.trainers:
         for backend in args.backends:
-            row = {"trainer": method, "backend": backend, "error": ""}
             start = time.time()
+            port += len(RUNS)
+            logs = {name: work / f"preempt-{method}-{backend}-{name}.log" for name in RUNS}
             with tempfile.TemporaryDirectory() as tmp:
-                tmp = Path(tmp)
-                dirs = {name: tmp / name for name in ("whole", "run")}
-                logs = {name: work / f"preempt-{method}-{backend}-{name}.log" for name in ("whole", "run", "resumed")}
-                port += 3
-                cmd, env = launch(method, backend, port, tmp, dirs["whole"], [], None)
-                ok, error = run(cmd, env, logs["whole"], timeout=900, cwd=ROOT,
-                                finished=lambda text: "model saved to" in text)
-                row["ran"] = ok
-                if ok:
-                    cmd, env = launch(method, backend, port + 1, tmp, dirs["run"], [], 3)
-                    _, error = run(cmd, env, logs["run"], timeout=900, cwd=ROOT, finished=lambda text: True)
-                    text = logs["run"].read_text()
-                    stopped = re.search(r"stopped by SIGTERM after step (\d+) of", text)
-                    row["stopped_after"] = int(stopped.group(1)) if stopped else None
-                    checkpoints = sorted(p.name for p in dirs["run"].glob("checkpoint-*"))
-                    row["checkpoints"] = checkpoints
-                    if checkpoints:
-                        last = dirs["run"] / checkpoints[-1]
-                        row["complete"] = (last / "trainer_state.json").exists()
-                        row["rng_states"] = len(list(last.glob("rng_state_*.pth")))
-                        row["rollouts"] = len(list(last.glob("rollout_*.pt")))
-                    row["final_model_saved"] = (dirs["run"] / "model.safetensors").exists()
-                    ok = stopped is not None and row.get("complete", False)
-                    if not ok:
-                        row["error"] = error or "no 'stopped by SIGTERM' line or no complete checkpoint"
-                if ok:
-                    cmd, env = launch(method, backend, port + 2, tmp, dirs["run"], ["--resume_from_checkpoint", "true"],
-                                      None)
-                    ok, error = run(cmd, env, logs["resumed"], timeout=900, cwd=ROOT,
-                                    finished=lambda text: "model saved to" in text)
-                    row["resumed"] = ok
-                    row["error"] = error
-                    if ok:
-                        wa, wb = (load_file(str(d / "model.safetensors")) for d in (dirs["whole"], dirs["run"]))
-                        row["max_param_diff"] = max((wa[k].float() - wb[k].float()).abs().max().item()
-                                                    for k in wa if k in wb)
-                elif not row["error"]:
-                    row["error"] = error
+                launch = functools.partial(one_node, method, backend, Path(tmp))
+                row = {"trainer": method, "backend": backend, **preempt_and_resume(launch, port, Path(tmp), logs)}
             row["seconds"] = round(time.time() - start)
             rows.append(row)
             print(json.dumps(row), flush=True)

@@ -91,13 +91,34 @@ def full_state_dict_for_final_save(trainer, final: bool = True):
 def drop_gathered_weights(trainer, model) -> None:
     """FSDP2: free the full weights a module still holds (the root module keeps them after a forward, for the
     backward it expects; ``unshard()`` keeps them until told), so that the next forward gathers the shards as they are
-    now. No communication; nothing to do without FSDP2."""
+    now. No communication; nothing to do without FSDP2. Not between a forward and its backward.
+
+    A unit of several modules whose forward did not run them all stays "in forward" in torch 2.11 until a backward
+    ends it: Accelerate's unit of the final norm, the LM head and the tied embeddings after TRL's fused head (which
+    never runs the head's forward), under ``no_grad``. Such a unit ignores ``reshard()`` and skips its next gather,
+    so it kept serving the weights it held (EEPO's unlearned ones, to the training step after the restore: 2
+    processes trained unlike 1). Its forward is completed first, as torch 2.13 does at the end of the root's forward
+    (``_force_complete_incomplete_states``): torch's private state, in torch's own way."""
     if fsdp2_sharded(trainer):
         from torch.distributed.fsdp import FSDPModule
 
         for module in model.modules():
             if isinstance(module, FSDPModule):
+                _complete_unfinished_forward(module._get_fsdp_state())
                 module.reshard()
+
+
+def _complete_unfinished_forward(state) -> None:
+    """Finish the forward of an FSDP2 unit some of whose modules did not run (torch 2.11; in 2.13 none is left)."""
+    pending = getattr(state, "_modules_to_run_forward", None)
+    if not pending:
+        return
+    from torch.distributed.fsdp._fully_shard._fsdp_common import TrainingState
+
+    for group in fsdp_param_groups(state):
+        group.post_forward(None, None, None)
+    state._training_state = TrainingState.IDLE
+    pending.clear()
 
 
 def check_whole_policy_for_generation(trainer, who: str) -> None:
@@ -150,7 +171,7 @@ def whole_policy_for_generation(trainer):
         model._get_fsdp_state()._lazy_init()  # inside: settled now (a no-op after it), so that what is saved is kept
     # each module's setting, saved to be put back exactly: torch has no public getter for it
     states = [m._get_fsdp_state() for m in modules]
-    saved = [(s, s._auto_reshard_after_forward, [(g, g.post_forward_mesh_info) for g in s._fsdp_param_groups])
+    saved = [(s, s._auto_reshard_after_forward, [(g, g.post_forward_mesh_info) for g in fsdp_param_groups(s)])
              for s in states]
     try:
         for m in modules:
@@ -164,6 +185,17 @@ def whole_policy_for_generation(trainer):
             s._auto_reshard_after_forward = auto
             for g, info in groups:
                 g.post_forward_mesh_info = info
+
+
+def fsdp_param_groups(state) -> list:
+    """The parameter groups of an FSDP2 module's state (torch's private state, read and put back as it was):
+    ``_fsdp_param_groups`` since torch 2.13, one ``_fsdp_param_group`` (or None) in torch 2.11, which the GPU
+    machines here run (the held-out evaluation under FSDP2 failed there on the plural)."""
+    groups = getattr(state, "_fsdp_param_groups", None)
+    if groups is not None:
+        return list(groups)
+    group = getattr(state, "_fsdp_param_group", None)
+    return [] if group is None else [group]
 
 
 @contextmanager

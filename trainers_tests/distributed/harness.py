@@ -191,6 +191,8 @@ def _grouped_hooks_as_in_torch_2_11() -> None:
     cannot show it otherwise. Applied before ``fully_shard`` binds the hook."""
     from torch.distributed.fsdp._fully_shard._fsdp_state import FSDPState, TrainingState
 
+    if not hasattr(FSDPState, "_cast_forward_inputs"):  # torch 2.11 itself (its cast is inline): nothing to reproduce
+        return
     pre_forward, cast = FSDPState._pre_forward, FSDPState._cast_forward_inputs
 
     def first_only(self, module, args, kwargs):
@@ -307,7 +309,9 @@ def _fsdp2_state(model) -> dict:
     from torch.distributed.fsdp import FSDPModule
     from torch.distributed.tensor import DTensor
 
-    groups = [g for m in model.modules() if isinstance(m, FSDPModule) for g in m._get_fsdp_state()._fsdp_param_groups]
+    from trl_variants._model import fsdp_param_groups
+
+    groups = [g for m in model.modules() if isinstance(m, FSDPModule) for g in fsdp_param_groups(m._get_fsdp_state())]
     return {"sharded": all(isinstance(p, DTensor) for p in model.parameters()),
             "reshards_after_forward": [g.post_forward_mesh_info is not None for g in groups]}
 

@@ -318,15 +318,12 @@ class TwoStageRollout(Part):
         if logps1 is None:  # the gate was read while generating: the forward with grad only now that it is needed
             with torch.enable_grad():
                 logps1, _, mask1 = trainer._score(model, p1, c1)
-        # FSDP2: the parameters as shards (after a forward a module holds full ones; the backward gathers them again)
-        drop_gathered_weights(trainer, model)
-        params = [p for p in model.parameters() if p.requires_grad]
-        snapshot = [p.detach().clone() for p in params]
         seq_terms, has_tokens = losses.unlearning_sequence_terms(
             logps1, mask1, trainer.args.unlearning_eps_low, trainer.args.unlearning_eps_high)
         n_sequences = trainer.accelerator.reduce(has_tokens.sum().to(seq_terms.dtype).detach(), "sum").clamp(min=1.0)
         u = (seq_terms * has_tokens).sum() / n_sequences  # this process's share of the global mean
-        grads = unlearning_gradient(trainer, model, u, params)
+        params, grads = unlearning_gradient(trainer, model, u)  # (under FSDP2 the shards, read after the backward)
+        snapshot = [p.detach().clone() for p in params]
         before1 = logps1.detach()  # stage-1 log-probs under the policy: the stage-1 old log-probs
         del logps1
         measure_drop = _rollout_is_logged(trainer)

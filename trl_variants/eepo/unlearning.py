@@ -32,23 +32,29 @@ def share_of_step_kept(params, saved, grads, lr: float, reduce=None) -> float | 
     return applied / intended if intended > 0 else None
 
 
-def unlearning_gradient(trainer, model, u, params) -> list:
-    """The gradient of ``u`` (this process's share of the global loss) summed over processes, one entry per
-    parameter (None where unused) of ``model`` (the unwrapped policy), without touching what the optimizer sees.
+def unlearning_gradient(trainer, model, u) -> tuple[list, list]:
+    """The trainable parameters of ``model`` (the unwrapped policy) and the gradient of ``u`` (this process's share
+    of the global loss) summed over processes, one entry per parameter (None where unused), without touching what
+    the optimizer sees.
 
     DDP, ZeRO-1/2, one process: ``torch.autograd.grad`` on the unwrapped module (nothing accumulates into ``.grad``,
     no DDP hook fires), then a sum over processes. FSDP2: the forward ran on weights all-gathered from the shards,
     so the gradient reaches each sharded parameter only through FSDP's own backward, which reduce-scatters it into
     ``.grad`` as the mean over processes: the step runs ``backward``, takes each shard's gradient times the number of
-    processes (the sum), and puts back whatever ``.grad`` held before (None at the start of an accumulation cycle).
+    processes (the sum), and puts back whatever ``.grad`` held before (None at the start of an accumulation cycle,
+    where rollouts start). The parameters are read after the backward, which leaves every module sharded: before
+    it, torch 2.11 still held the full weights of the unit of the final norm, the LM head and the tied embeddings
+    (TRL's fused head never runs the head's forward, and that unit frees nothing until its forward completes), and
+    their gradient, moved to the shards, was lost (the step left them as they were: 2 processes trained unlike 1).
     Within a gradient-accumulation cycle Accelerate turns FSDP's gradient reduction off; it is turned on for this
     backward (else the gradient would stay unreduced in FSDP's own buffers and join the training step's)."""
     if not fsdp2_sharded(trainer):
-        return [g if g is None else trainer.accelerator.reduce(g, "sum")
-                for g in torch.autograd.grad(u, params, allow_unused=True)]
-    held = [p.grad for p in params]
-    for p in params:
-        p.grad = None
+        params = [p for p in model.parameters() if p.requires_grad]
+        return params, [g if g is None else trainer.accelerator.reduce(g, "sum")
+                        for g in torch.autograd.grad(u, params, allow_unused=True)]
+    held = {}
+    for p in model.parameters():
+        held[p], p.grad = p.grad, None
     accumulating = not trainer.accelerator.sync_gradients  # inside Accelerate's no_sync: FSDP would keep the gradient
     if accumulating:  # unsharded on each process, unreduced, and add it to the step's training gradient
         model.set_requires_gradient_sync(True)
@@ -57,8 +63,9 @@ def unlearning_gradient(trainer, model, u, params) -> list:
     finally:
         if accumulating:
             model.set_requires_gradient_sync(False)
+    params = [p for p in model.parameters() if p.requires_grad]  # the shards, now
     world = trainer.accelerator.num_processes
     grads = [None if p.grad is None else p.grad.detach() * world for p in params]
-    for p, g in zip(params, held, strict=True):
-        p.grad = g
-    return grads
+    for p in params:
+        p.grad = held.get(p)
+    return params, grads
