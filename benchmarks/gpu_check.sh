@@ -94,8 +94,11 @@ done
 # FSDP2 on one GPU (configs/accelerate/fsdp2.yaml: bf16 mixed precision, float32 master weights; Accelerate starts it
 # through torchrun even for one process), side by side after the first wave; no extra wheel needed
 FSDP2="$PY -m accelerate.commands.launch --config_file configs/accelerate/fsdp2.yaml --num_processes 1"
+# and a held-out evaluation at their last step (64 prompts): it gathers the full weights under FSDP2
+# (_model.whole_policy_for_generation), which failed under torch 2.11 until 2026-11-28
+FSDP2_HELDOUT="--heldout_eval_steps 4 --embedded_test_size 64"
 for m in erpo dph eepo apo; do
-    STEPS+=("fsdp2_$m|90|$FSDP2 --main_process_port $port -m trl_variants train $m $SMOKE_FLAGS --output_dir $WORK/fsdp2-$m")
+    STEPS+=("fsdp2_$m|90|$FSDP2 --main_process_port $port -m trl_variants train $m $SMOKE_FLAGS $FSDP2_HELDOUT --output_dir $WORK/fsdp2-$m")
     port=$((port + 1))
 done
 STEPS+=("main_job|300|$TRAIN erpo --use_cpu false --bf16 true --save_strategy no --output_dir $WORK/main")
