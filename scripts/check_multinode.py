@@ -243,7 +243,8 @@ def check_nodes_preempt(args, out: Path) -> None:
             logs = {name: work / f"multinode-preempt-{method}-{backend}-{name}.log" for name in RUNS}
             with tempfile.TemporaryDirectory() as tmp:
                 launch = functools.partial(two_nodes_run, method, backend, Path(tmp))
-                row = {"trainer": method, "backend": backend, **preempt_and_resume(launch, port, Path(tmp), logs)}
+                row = {"trainer": method, "backend": backend,
+                       **preempt_and_resume(launch, port, Path(tmp), logs)}
             row["seconds"] = round(time.time() - start)
             rows.append(row)
             print(json.dumps(row), flush=True)

@@ -87,11 +87,13 @@ def preempt_and_resume(launch, port: int, tmp: Path, logs: dict) -> dict:
 
     whole, stopped_run = tmp / "whole", tmp / "run"
     row = {}
-    cmd, env = launch("whole", port, whole, [], None)
+    name = "whole"
+    cmd, env = launch(name, port, whole, [], None)
     ok, error = run(cmd, env, logs["whole"], timeout=900, cwd=ROOT, finished=saved)
     row["ran"] = ok
     if ok:
-        cmd, env = launch("run", port + 1, stopped_run, [], 3)
+        name = "run"
+        cmd, env = launch(name, port + 1, stopped_run, [], 3)
         _, error = run(cmd, env, logs["run"], timeout=900, cwd=ROOT, finished=lambda text: True)
         stopped = re.search(r"stopped by SIGTERM after step (\d+) of", logs["run"].read_text())
         row["stopped_after"] = int(stopped.group(1)) if stopped else None
@@ -105,13 +107,14 @@ def preempt_and_resume(launch, port: int, tmp: Path, logs: dict) -> dict:
         ok = stopped is not None and row.get("complete", False)
         error = error or ("" if ok else "no 'stopped by SIGTERM' line or no complete checkpoint")
     if ok:
-        cmd, env = launch("resumed", port + 2, stopped_run, ["--resume_from_checkpoint", "true"], None)
+        name = "resumed"
+        cmd, env = launch(name, port + 2, stopped_run, ["--resume_from_checkpoint", "true"], None)
         ok, error = run(cmd, env, logs["resumed"], timeout=900, cwd=ROOT, finished=saved)
         row["resumed"] = ok
         if ok:
             wa, wb = (load_file(str(d / "model.safetensors")) for d in (whole, stopped_run))
             row["max_param_diff"] = max((wa[k].float() - wb[k].float()).abs().max().item() for k in wa if k in wb)
-    row["error"] = error
+    row["error"] = f"{name}: {error}" if error else ""
     return row
 
 
@@ -126,7 +129,8 @@ def check(args, out: Path) -> None:
             logs = {name: work / f"preempt-{method}-{backend}-{name}.log" for name in RUNS}
             with tempfile.TemporaryDirectory() as tmp:
                 launch = functools.partial(one_node, method, backend, Path(tmp))
-                row = {"trainer": method, "backend": backend, **preempt_and_resume(launch, port, Path(tmp), logs)}
+                row = {"trainer": method, "backend": backend,
+                       **preempt_and_resume(launch, port, Path(tmp), logs)}
             row["seconds"] = round(time.time() - start)
             rows.append(row)
             print(json.dumps(row), flush=True)

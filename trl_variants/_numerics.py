@@ -28,7 +28,7 @@ rounds to 1 in bf16) and its first step made every weight NaN; ERPO's Query-KL (
 step, where policy and reference agree) differed from ZeRO's. The trainers here keep float32
 outputs (:func:`float32_outputs_under_fsdp`, through the FSDP plugin's public ``mixed_precision_policy``): the
 parameters still gather and compute in bf16 and gradients still reduce in the plugin's dtype. The LM head still gets
-its input in bf16 (:func:`backbone_output_in_compute_dtype`: torch 2.11 would hand it float32).
+its input in bf16 (:func:`head_input_in_its_dtype`: torch 2.11 would hand it float32).
 """
 
 from __future__ import annotations
@@ -245,17 +245,20 @@ def float32_outputs_under_fsdp(accelerator, trainer_name: str) -> bool:
     return True
 
 
-def backbone_output_in_compute_dtype(model, accelerator):
-    """Under FSDP2 with float32 module outputs (:func:`float32_outputs_under_fsdp`), hand the LM head its input in
-    the compute dtype on every torch version. Accelerate 1.15 shards the final norm and the LM head as one unit (with
-    the input embeddings when they are tied to the head, as in Qwen2.5-0.5B or SmolLM2). torch 2.11 casts a unit's
-    inputs to the compute dtype only where its first module runs (torch 2.13 casts them for each module): a tied
-    model's norm then got the decoder layers' float32 outputs, returned float32, and the bf16 head failed the first
-    generate ("expected mat1 and mat2 to have the same dtype"; every trainer, one H100, 2026-11-28). A forward hook on
-    the backbone (``model.base_model``, whose output TRL's fused head reads too) casts its last hidden state to the
-    dtype of the head's weights at that moment (the compute dtype while FSDP runs it; float32 before FSDP shards the
-    model, as in the offline passes); where torch cast it already, it changes nothing. Returns the hook's handle, or None where no hook
-    is needed (no FSDP2 mixed precision with float32 outputs, or no separate backbone)."""
+def head_input_in_its_dtype(model, accelerator):
+    """Under FSDP2 with float32 module outputs (:func:`float32_outputs_under_fsdp`), hand the LM head's forward its
+    input in the dtype of its weights on every torch version. Accelerate 1.15 shards the final norm and the LM head
+    as one unit, with the input embeddings when they are tied to the head (Qwen2.5-0.5B, SmolLM2). torch 2.11 casts
+    a unit's inputs to the compute dtype only where its first module runs (torch 2.13 casts them at each module):
+    a tied model's norm then got the decoder layers' float32 outputs, returned float32, and the bf16 head failed the
+    first generate ("expected mat1 and mat2 to have the same dtype"; every trainer, one H100, 2026-11-28).
+
+    A forward pre-hook on the head (``get_output_embeddings()``) casts its input to its weights' dtype at that moment:
+    bf16 while FSDP runs it, float32 before FSDP shards the model (DPH-RL's and A*-PO's offline pass). FSDP's own
+    pre-hook runs first, so under torch 2.13 the input is already bf16 and nothing changes. TRL's fused head, which
+    reads the backbone's output and the head's weights without the head's forward, is left as it was: it gets the
+    float32 output on both versions and computes its log-probs in float32. Returns the hook's handle, or None where
+    none is needed (no FSDP2 mixed precision with float32 outputs, or no head)."""
     plugin = getattr(accelerator.state, "fsdp_plugin", None)
     policy = getattr(plugin, "mixed_precision_policy", None)
     low = getattr(policy, "param_dtype", None)
@@ -264,22 +267,19 @@ def backbone_output_in_compute_dtype(model, accelerator):
     from peft import PeftModel
 
     base = model.get_base_model() if isinstance(model, PeftModel) else model
-    backbone = getattr(base, "base_model", None)
-    if not isinstance(backbone, torch.nn.Module) or backbone is base:
+    head = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
+    if head is None:
         return None
 
-    def cast(module, args, output):  # to the dtype the head computes in now (FSDP's unsharded bf16 weights under
-        # it; float32 before FSDP shards the model, e.g. in DPH-RL's or A*-PO's offline pass)
-        weight = getattr(base.get_output_embeddings(), "weight", None)
-        hidden = output[0] if isinstance(output, tuple) else getattr(output, "last_hidden_state", None)
-        if weight is None or not torch.is_tensor(hidden) or not hidden.is_floating_point() or hidden.dtype == weight.dtype:
+    def cast(module, args):
+        weight = getattr(module, "weight", None)
+        if weight is None or not args or not torch.is_tensor(args[0]) or not args[0].is_floating_point():
             return None
-        if isinstance(output, tuple):
-            return (hidden.to(weight.dtype), *output[1:])
-        output.last_hidden_state = hidden.to(weight.dtype)
-        return output
+        if args[0].dtype == weight.dtype:
+            return None
+        return (args[0].to(weight.dtype), *args[1:])
 
-    return backbone.register_forward_hook(cast)
+    return head.register_forward_pre_hook(cast)
 
 
 # ---------------------------------------------------------------------------------------- non-finite values ---
@@ -351,7 +351,7 @@ class FiniteTrainingMixin:
     module outputs under FSDP mixed precision (:meth:`create_accelerator_and_postprocess`) and the non-finite guards
     of this module: the loss at every micro-step (:meth:`training_step`), the gradients and weights at every
     optimizer step (:class:`FiniteGuard`), the logits of every generation (:meth:`_generate_single_turn`); under
-    FSDP2 with those float32 outputs, the LM head's input in the compute dtype (:func:`backbone_output_in_compute_dtype`)."""
+    FSDP2 with those float32 outputs, the LM head's input in its weights' dtype (:func:`head_input_in_its_dtype`)."""
 
     def __init__(self, model, reward_funcs=None, args=None, *rest, **kwargs):
         if args is not None:
@@ -359,7 +359,7 @@ class FiniteTrainingMixin:
             check_fsdp_lm_head_cast(model, args, type(self).__name__, kwargs.get("peft_config"))
         super().__init__(model, reward_funcs, args, *rest, **kwargs)
         self.add_callback(FiniteGuard(self))
-        backbone_output_in_compute_dtype(self.accelerator.unwrap_model(self.model), self.accelerator)
+        head_input_in_its_dtype(self.accelerator.unwrap_model(self.model), self.accelerator)
 
     def create_accelerator_and_postprocess(self):
         super().create_accelerator_and_postprocess()

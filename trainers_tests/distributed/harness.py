@@ -8,7 +8,8 @@ run on 1 process and a run on N processes can be compared.
 HARNESS_DTYPE, HARNESS_OPTIM, HARNESS_GA (gradient accumulation steps, the global batch kept), HARNESS_CHECKPOINTS=1
 (a checkpoint every step), HARNESS_RESUME=<checkpoint> (resume from it), HARNESS_SAVE_MODEL=1 (also trainer.save_model to OUT_DIR/saved), HARNESS_HELDOUT=1 (held-out evaluation during
 training, ``HeldOutCallback``, logged), HARNESS_EEPO_READ=1 (``eepo``: the paper's gate, log-probs read while
-generating), HARNESS_GROUPED_HOOKS=first_only (FSDP2's grouped units as torch 2.11 runs them); HARNESS_GC / HARNESS_PEFT / HARNESS_REENTRANT for the ``*_peft`` variants.
+generating), HARNESS_GROUPED_HOOKS=first_only (FSDP2's grouped units as torch 2.11 runs them);
+HARNESS_GC / HARNESS_PEFT / HARNESS_REENTRANT for the ``*_peft`` variants.
 
 What is held fixed across process counts: the global batch (``per_device_train_batch_size = GLOBAL_ROWS / N``), the
 data order (TRL's seeded RepeatSampler over the global batch), the seed, and the completions. Sampling in a batched
@@ -185,10 +186,11 @@ def _fsdp_on_cpu() -> None:
 def _grouped_hooks_as_in_torch_2_11() -> None:
     """HARNESS_GROUPED_HOOKS=first_only: FSDP2's grouped units (``fully_shard([a, b, ...])``) as torch 2.11 runs
     them, where only the group's first module to run gets the pre-forward hook that casts the inputs to the compute
-    dtype (the semantics of pytorch/pytorch#130949, which added groups; torch 2.13 runs it for each module). Accelerate 1.15 groups the final
-    norm and the LM head, and the input embeddings with them when they are tied to the head. For testing only: on a
-    GPU with torch 2.11 the trainers failed this way (results/gpu/README.md, 2026-11-28); the CPU suite's torch 2.13
-    cannot show it otherwise. Applied before ``fully_shard`` binds the hook."""
+    dtype (the semantics of pytorch/pytorch#130949, which added groups; torch 2.13 runs it for each module).
+    Accelerate 1.15 groups the final norm and the LM head, and the input embeddings with them when they are tied to
+    the head. For testing only: on a GPU with torch 2.11 the trainers failed this way (results/gpu/README.md,
+    2026-11-28); the suite's torch 2.13 cannot show it otherwise (``scripts/test_with_torch.sh`` runs torch 2.11
+    itself, where this does nothing). Applied before ``fully_shard`` binds the hook."""
     from torch.distributed.fsdp._fully_shard._fsdp_state import FSDPState, TrainingState
 
     if not hasattr(FSDPState, "_cast_forward_inputs"):  # torch 2.11 itself (its cast is inline): nothing to reproduce

@@ -83,7 +83,7 @@ def test_bf16_mixed_precision_trains_with_torch_2_11s_grouped_fsdp_hooks(tmp_pat
     dtype only where its first module runs (the embeddings here), so the decoder layers' float32 outputs (float32
     module outputs, above) reached the norm and the bf16 head as they were: "expected mat1 and mat2 to have the same
     dtype" at the first generate, for every trainer, on an H100 (results/gpu/README.md). The trainers now hand the head
-    its input in its own dtype (``_numerics.backbone_output_in_compute_dtype``). DPH-RL with a float32 policy: its
+    its input in its weights' dtype (``_numerics.head_input_in_its_dtype``). DPH-RL with a float32 policy: its
     offline pass generates from the model before FSDP shards it, in float32 (a cast to the compute dtype there failed
     the other way on the H100)."""
     observed = launch_fsdp2(trainer, tmp_path / "run", 29669 + (trainer == "dph"), mixed_precision="bf16", dtype=dtype,

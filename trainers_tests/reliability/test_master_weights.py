@@ -182,6 +182,46 @@ def test_fsdp2_policy_from_accelerate_gets_float32_outputs(precision, low, capsy
     assert not float32_outputs_under_fsdp(accelerator, "ERPOTrainer")  # a second call: nothing left to do
 
 
+def test_the_head_gets_its_input_in_its_weights_dtype_and_nothing_else_changes():
+    """``head_input_in_its_dtype``: under FSDP2's float32 outputs the LM head's forward gets its input in its weights'
+    dtype (torch 2.11 handed the bf16 head float32: test_fsdp2.py reproduces it on 2 processes). Nothing else: an input
+    already in that dtype is passed through untouched, the backbone's output keeps its float32 (TRL's fused head
+    computes its log-probs from it in float32), and without FSDP2's float32 outputs no hook is set."""
+    from types import SimpleNamespace
+
+    from accelerate.utils import FullyShardedDataParallelPlugin
+    from transformers import AutoModelForCausalLM
+
+    from trl_variants._numerics import float32_outputs_under_fsdp, head_input_in_its_dtype
+    from trl_variants.default import DEFAULT_MODEL_PATH
+
+    model = AutoModelForCausalLM.from_pretrained(DEFAULT_MODEL_PATH)
+    plugin = FullyShardedDataParallelPlugin(fsdp_version=2)
+    plugin.set_mixed_precision("bf16")
+    accelerator = SimpleNamespace(state=SimpleNamespace(fsdp_plugin=plugin), is_main_process=False)
+    assert head_input_in_its_dtype(model, accelerator) is None  # Accelerate's bf16 outputs: nothing to hand over
+    float32_outputs_under_fsdp(accelerator, "ERPOTrainer")
+    handle = head_input_in_its_dtype(model, accelerator)
+    assert handle is not None
+    head = model.get_output_embeddings()
+    seen = []
+    head.register_forward_pre_hook(lambda module, args: seen.append(args[0]))
+    ids = torch.tensor([[1, 5, 9, 3]])
+    with torch.no_grad():
+        hidden = model.model(input_ids=ids).last_hidden_state
+        assert hidden.dtype == torch.float32  # the backbone's output is not touched
+        head.to(torch.bfloat16)  # the head computing in bf16, as FSDP's gathered weights do
+        logits = head(hidden)  # float32 in: cast to bf16 (without the hook: "expected mat1 and mat2 ...")
+        assert seen[-1].dtype == torch.bfloat16 and logits.dtype == torch.bfloat16
+        same = hidden.bfloat16()
+        head(same)
+        assert seen[-1] is same  # already in the head's dtype: passed through untouched
+        head.float()
+        head(hidden)
+        assert seen[-1] is hidden  # float32 weights (before FSDP shards the model, the offline passes): untouched
+    handle.remove()
+
+
 def test_fsdp_policies_left_alone(recwarn):
     from types import SimpleNamespace
 

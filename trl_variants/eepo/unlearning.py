@@ -41,11 +41,13 @@ def unlearning_gradient(trainer, model, u) -> tuple[list, list]:
     no DDP hook fires), then a sum over processes. FSDP2: the forward ran on weights all-gathered from the shards,
     so the gradient reaches each sharded parameter only through FSDP's own backward, which reduce-scatters it into
     ``.grad`` as the mean over processes: the step runs ``backward``, takes each shard's gradient times the number of
-    processes (the sum), and puts back whatever ``.grad`` held before (None at the start of an accumulation cycle,
-    where rollouts start). The parameters are read after the backward, which leaves every module sharded: before
-    it, torch 2.11 still held the full weights of the unit of the final norm, the LM head and the tied embeddings
-    (TRL's fused head never runs the head's forward, and that unit frees nothing until its forward completes), and
-    their gradient, moved to the shards, was lost (the step left them as they were: 2 processes trained unlike 1).
+    processes (the sum), and puts back whatever ``.grad`` held before (None: rollouts start accumulation cycles, and
+    within a cycle FSDP keeps gradients in its own buffers). The parameters are read after the backward, which
+    leaves every module sharded. Before it, the unit of the final norm, the LM head and the tied embeddings still
+    holds its full weights (Accelerate does not reshard it after a forward), and torch 2.11 cannot free them there
+    (TRL's fused head never runs the head's forward, so the unit's forward stays unfinished): read then, their
+    gradient, moved to the shards by the backward, was lost and the step left them as they were (2 processes trained
+    unlike 1).
     Within a gradient-accumulation cycle Accelerate turns FSDP's gradient reduction off; it is turned on for this
     backward (else the gradient would stay unreduced in FSDP's own buffers and join the training step's)."""
     if not fsdp2_sharded(trainer):
