@@ -7,7 +7,8 @@
 #   4. DeepSpeed ZeRO-2 (configs/accelerate/zero2.yaml, one process, bf16 weights with fp32 master copies): erpo, dph
 #      and eepo for a few steps; EEPO's unlearning step edits the bf16 weights there, so the report sets its
 #      eepo/stage1_logp_change and eepo/unlearning_step_kept beside the fp32-weight smoke run's (skipped where
-#      deepspeed is not installed); FSDP2 (configs/accelerate/fsdp2.yaml, one process): erpo, dph, eepo and apo
+#      deepspeed is not installed); FSDP2 (configs/accelerate/fsdp2.yaml, one process): erpo, dph, eepo and apo,
+#      each with a held-out evaluation at its last step (it gathers the full weights under FSDP2)
 #   5. benchmarks/bench_trainers.py --gpu on a Qwen2.5-0.5B-shaped model (random weights), with HF generate, then
 #      with transformers' continuous batching (the per-regime speed targets, results/gpu/bench_*.md)
 # Each step has its own time box, cut to what is left of the budget (the smoke and ZeRO-2 runs go side by side first,
