@@ -22,7 +22,6 @@ About 20 (``--resume``: 30) minutes on 2 cores.
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
 import sys
@@ -231,34 +230,14 @@ def check_nodes_preempt(args, out: Path) -> None:
     to ``scripts/slurm_train.sh`` itself during step 3 (as ``#SBATCH --signal=B:TERM@<s>`` signals the batch script,
     which passes it to the training step: the stand-in srun hands it to each node's ``accelerate launch``); and
     resumed on 2 nodes (``--resume_from_checkpoint true``): the resumed run's weights against the uninterrupted run's."""
-    from check_preemption import RUNS, preempt_and_resume
+    from check_preemption import PREEMPT_COLUMNS, preempt_rows
 
-    work = out / "runs"
-    work.mkdir(parents=True, exist_ok=True)
-    rows, port = [], 30700
-    for method in args.trainers:
-        for backend in args.backends:
-            start = time.time()
-            port += len(RUNS)
-            logs = {name: work / f"multinode-preempt-{method}-{backend}-{name}.log" for name in RUNS}
-            with tempfile.TemporaryDirectory() as tmp:
-                launch = functools.partial(two_nodes_run, method, backend, Path(tmp))
-                row = {"trainer": method, "backend": backend,
-                       **preempt_and_resume(launch, port, Path(tmp), logs)}
-            row["seconds"] = round(time.time() - start)
-            rows.append(row)
-            print(json.dumps(row), flush=True)
+    rows = preempt_rows(args, out, "multinode-preempt", two_nodes_run, 30700)
     write_table(out / "multinode_preempt.md", "Each paper recipe on 2 nodes stopped by a SIGTERM to slurm_train.sh, "
                 "and resumed on 2 nodes", "--preempt", "6 steps, a rollout of 2 steps, `--enable_jit_checkpoint true`, "
                 "2 nodes x 1 process (scripts/slurm_train.sh, a stand-in srun); the SIGTERM goes to the batch script "
                 "during step 3 (as `#SBATCH --signal=B:TERM@<s>`), which passes it to the training step.",
-                merged(out / "multinode_preempt.json", rows),
-                {"stopped after step": lambda r: r.get("stopped_after", ""),
-                 "checkpoints left": lambda r: ", ".join(r.get("checkpoints", [])),
-                 "final model saved": lambda r: r.get("final_model_saved", ""),
-                 "resumed": lambda r: "yes" if r.get("resumed") else "no",
-                 "max parameter diff to the uninterrupted run": param_cell,
-                 "seconds": lambda r: r["seconds"]}, script="check_multinode.py")
+                merged(out / "multinode_preempt.json", rows), PREEMPT_COLUMNS, script="check_multinode.py")
 
 
 def main() -> None:

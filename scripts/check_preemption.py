@@ -118,35 +118,46 @@ def preempt_and_resume(launch, port: int, tmp: Path, logs: dict) -> dict:
     return row
 
 
-def check(args, out: Path) -> None:
+def preempt_rows(args, out: Path, prefix: str, launcher, port: int) -> list[dict]:
+    """Every (recipe, backend) of ``args`` through :func:`preempt_and_resume`, each run launched by ``launcher``
+    (:func:`one_node`; two nodes: ``check_multinode.two_nodes_run``) with its logs under ``out/runs/<prefix>-...``;
+    each row printed as it ends."""
     work = out / "runs"
     work.mkdir(parents=True, exist_ok=True)
-    rows, port = [], 30500
+    rows = []
     for method in args.trainers:
         for backend in args.backends:
             start = time.time()
             port += len(RUNS)
-            logs = {name: work / f"preempt-{method}-{backend}-{name}.log" for name in RUNS}
+            logs = {name: work / f"{prefix}-{method}-{backend}-{name}.log" for name in RUNS}
             with tempfile.TemporaryDirectory() as tmp:
-                launch = functools.partial(one_node, method, backend, Path(tmp))
+                launch = functools.partial(launcher, method, backend, Path(tmp))
                 row = {"trainer": method, "backend": backend,
                        **preempt_and_resume(launch, port, Path(tmp), logs)}
             row["seconds"] = round(time.time() - start)
             rows.append(row)
             print(json.dumps(row), flush=True)
-    rows = merged(out / "preempt.json", rows)
+    return rows
+
+
+# the columns of both preemption tables (this one's and check_multinode.py --preempt's)
+PREEMPT_COLUMNS = {
+    "stopped after step": lambda r: r.get("stopped_after", ""),
+    "checkpoints left": lambda r: ", ".join(r.get("checkpoints", [])),
+    "RNG states / rollouts in it": lambda r: f"{r['rng_states']} / {r['rollouts']}" if "rng_states" in r else "",
+    "final model saved": lambda r: r.get("final_model_saved", ""),
+    "resumed": lambda r: "yes" if r.get("resumed") else ("no" if "resumed" in r else ""),
+    "max parameter diff to the uninterrupted run": param_cell,
+    "seconds": lambda r: r["seconds"],
+}
+
+
+def check(args, out: Path) -> None:
+    rows = merged(out / "preempt.json", preempt_rows(args, out, "preempt", one_node, 30500))
     write_table(out / "preempt.md", "Each paper recipe stopped by SIGTERM during step 3 on 2 processes, and resumed",
                 "", "6 steps, a rollout of 2 steps, `--enable_jit_checkpoint true`; the SIGTERM goes to the `accelerate "
                 "launch` process while step 3's rollout is scored; the resumed run (`--resume_from_checkpoint true`) "
-                "against the uninterrupted one.", rows,
-                {"stopped after step": lambda r: r.get("stopped_after", ""),
-                 "checkpoints left": lambda r: ", ".join(r.get("checkpoints", [])),
-                 "RNG states / rollouts in it": lambda r: (f"{r['rng_states']} / {r['rollouts']}"
-                                                           if "rng_states" in r else ""),
-                 "final model saved": lambda r: r.get("final_model_saved", ""),
-                 "resumed": lambda r: "yes" if r.get("resumed") else ("no" if "resumed" in r else ""),
-                 "max parameter diff to the uninterrupted run": param_cell,
-                 "seconds": lambda r: r["seconds"]}, script="check_preemption.py")
+                "against the uninterrupted one.", rows, PREEMPT_COLUMNS, script="check_preemption.py")
 
 
 def main() -> None:
