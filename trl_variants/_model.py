@@ -171,8 +171,8 @@ def whole_policy_for_generation(trainer):
         model._get_fsdp_state()._lazy_init()  # inside: settled now (a no-op after it), so that what is saved is kept
     # each module's setting, saved to be put back exactly: torch has no public getter for it
     states = [m._get_fsdp_state() for m in modules]
-    saved = [(s, s._auto_reshard_after_forward, [(g, g.post_forward_mesh_info) for g in fsdp_param_groups(s)])
-             for s in states]
+    saved = [(s, getattr(s, "_auto_reshard_after_forward", None),  # (torch 2.6 has none: its root settles at _lazy_init)
+              [(g, g.post_forward_mesh_info) for g in fsdp_param_groups(s)]) for s in states]
     try:
         for m in modules:
             m.set_reshard_after_forward(False, recurse=False)
@@ -182,9 +182,23 @@ def whole_policy_for_generation(trainer):
     finally:
         drop_gathered_weights(trainer, model)
         for s, auto, groups in saved:
-            s._auto_reshard_after_forward = auto
+            if auto is not None:
+                s._auto_reshard_after_forward = auto
             for g, info in groups:
                 g.post_forward_mesh_info = info
+
+
+def whole_value(tensor):
+    """``tensor`` as a plain tensor holding its whole value on every process: a DTensor (FSDP2's gradient norm) is
+    gathered with ``full_tensor()``, a collective every process must join; anything else is returned as it is. Under
+    torch 2.8 the gradient norm ``clip_grad_norm_`` returns for FSDP2's sharded gradients is a partial DTensor whose
+    ``.item()`` (what transformers logs) is this process's share: 2 processes logged 0.66x one's (the clipping itself
+    used the whole norm: the weights were the same). torch 2.10 and later return it replicated; nothing to gather."""
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # torch built without distributed
+        return tensor
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
 
 
 def fsdp_param_groups(state) -> list:

@@ -232,7 +232,7 @@ def float32_outputs_under_fsdp(accelerator, trainer_name: str) -> bool:
     if low not in (torch.bfloat16, torch.float16):
         return False
     name = str(low).removeprefix("torch.")
-    if not (policy.param_dtype == low and policy.reduce_dtype == low):
+    if not (policy.param_dtype == low and policy.reduce_dtype in (low, None)):  # None: param_dtype's (torch 2.6)
         warnings.warn(f"{trainer_name}: the FSDP mixed precision policy {policy} is not Accelerate's default: its "
                       f"{name} output_dtype is kept, so the log-probs reach the losses in {name} (the methods' terms "
                       "lose precision; set output_dtype=torch.float32 to keep them in float32)", stacklevel=3)

@@ -8,7 +8,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from ._card import ModelCardMixin
 from ._checkpoint import CheckpointStateMixin
-from ._model import full_state_dict_for_final_save
+from ._model import full_state_dict_for_final_save, whole_value
 from ._numerics import FiniteTrainingMixin
 from ._offline import OfflinePassLogMixin
 from ._preemption import StopOnSignalMixin, check_stop_on_signal_args
@@ -110,6 +110,11 @@ class TrainerBase(CheckpointStateMixin, StopOnSignalMixin, ModelCardMixin, Finit
         """transformers' ``push_to_hub`` (which saves the model first), with the whole model under FSDP as above."""
         with full_state_dict_for_final_save(self):
             return super().push_to_hub(*args, **kwargs)
+
+    def _get_grad_norm(self, model, grad_norm=None):
+        """transformers' gradient norm, whole on every process under FSDP2 (:func:`~trl_variants._model.whole_value`:
+        torch 2.8 logged one process's share)."""
+        return whole_value(super()._get_grad_norm(model, grad_norm))
 
     def get_train_dataloader(self):
         """transformers' dataloader, refused when it holds no batch: when the dataset trained on has fewer prompts than

@@ -58,11 +58,11 @@ def test_lazy_values_equal_full_pass_exactly(tmp_path, monkeypatch):
     than the dataset has, and trained exactly as the full-pass run (the pass does not touch training's RNG)."""
     full = _apo(tmp_path, tmp_path / "cache_full", lazy=False)
     assert len(full.train_dataset) == ROWS and "ref_value" in full.train_dataset.column_names
+    full.train()  # each run trains right after its trainer's __init__, which seeds: both start from the same RNG state
     calls = _count_shards(monkeypatch)
     lazy = _apo(tmp_path, tmp_path / "cache_lazy", lazy=True)
     assert calls == [] and "ref_value" not in lazy.train_dataset.column_names  # nothing sampled at construction
     reached = _watch_reached(lazy)
-    full.train()
     lazy.train()
     state = lazy._lazy
     assert set(reached) == set(state.order)  # the predicted sampler order is the order the run asked for
@@ -75,6 +75,9 @@ def test_lazy_values_equal_full_pass_exactly(tmp_path, monkeypatch):
     for key in ("loss", "apo/value_mean", "apo/regression_loss", "reward"):
         got = [h[key] for h in lazy.state.log_history if key in h]
         assert got and got == [h[key] for h in full.state.log_history if key in h], key
+    # the logged metrics can agree by chance from another RNG state (the first version of this test built both
+    # trainers before training either, and passed on torch 2.13 that way); the trained weights do not
+    assert all(torch.equal(a, b) for a, b in zip(full.model.parameters(), lazy.model.parameters(), strict=True))
     logged = {k: v for h in lazy.state.log_history for k, v in h.items() if k.startswith("offline_pass/lazy")}
     assert logged["offline_pass/lazy_prompts"] == len(state.values)
     assert logged["offline_pass/lazy_chunks"] == len(state.steps)
