@@ -123,12 +123,21 @@ def _complete_unfinished_forward(state) -> None:
 
 def check_whole_policy_for_generation(trainer, who: str) -> None:
     """Refuse, naming the fix, a sharded setup in which :func:`whole_policy_for_generation` cannot hold the full
-    weights on every process: FSDP1 (FSDP2 can), and ZeRO-3 with ``ds3_gather_for_generation=False`` (the user chose
-    not to hold them: the model may not fit on one device)."""
+    weights on every process: FSDP1 (FSDP2 can), FSDP2 on torch older than 2.8 (no ``set_reshard_after_forward``),
+    and ZeRO-3 with ``ds3_gather_for_generation=False`` (the user chose not to hold them: the model may not fit on
+    one device)."""
     if getattr(trainer, "is_fsdp_enabled", False) and not fsdp2_sharded(trainer):
         raise ValueError(f"{who} under FSDP1 cannot hold the full weights for its sampling on every process: use FSDP2 "
                          "(fsdp_version: 2, configs/accelerate/fsdp2.yaml), or evaluate the saved checkpoints with "
                          "`trl-variants evaluate`")
+    if fsdp2_sharded(trainer):
+        from torch.distributed.fsdp import FSDPModule
+
+        if not hasattr(FSDPModule, "set_reshard_after_forward"):  # public since torch 2.8
+            raise ValueError(f"{who} under FSDP2 needs torch >= 2.8 (FSDPModule.set_reshard_after_forward keeps the "
+                             f"gathered weights through the sampling's forwards), and this is torch "
+                             f"{torch.__version__}: upgrade torch, or evaluate the saved checkpoints with "
+                             "`trl-variants evaluate` (--heldout_eval_steps 0 turns the evaluation during training off)")
     if _zero3(trainer) and not trainer.args.ds3_gather_for_generation:
         raise ValueError(f"{who} under DeepSpeed ZeRO-3 samples with the full weights gathered on every process, and "
                          "this run sets ds3_gather_for_generation=False (the model may not fit on one device): set it "

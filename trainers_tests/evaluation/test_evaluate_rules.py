@@ -382,6 +382,30 @@ def test_an_in_training_evaluation_generates_as_the_trainer_does():
     assert continuous.transformers_continuous_batching_config == {"max_memory_percent": 0.5}  # as TRL sizes it
 
 
+def test_evaluation_during_training_under_fsdp2_on_torch_older_than_2_8_is_refused_before_training(monkeypatch):
+    """torch 2.7's FSDPModule has no ``set_reshard_after_forward``, which keeps the gathered weights through the
+    evaluation's forwards: under torch 2.7 the evaluation under FSDP2 stopped at its first sampling with an
+    AttributeError (test_equivalence.py's EEPO case, `scripts/check_torch_versions.py`). Refused when the callback is
+    made, naming the version and the ways out."""
+    from types import SimpleNamespace
+
+    import torch.distributed.fsdp as fsdp
+
+    from trl_variants.evaluation.callbacks import HeldOutCallback
+
+    trainer = SimpleNamespace(is_fsdp_enabled=True, is_deepspeed_enabled=False, use_vllm=False,
+                              accelerator=SimpleNamespace(state=SimpleNamespace(
+                                  deepspeed_plugin=None, fsdp_plugin=SimpleNamespace(fsdp_version=2))),
+                              args=SimpleNamespace(disable_tqdm=True, temperature=1.0, top_p=1.0,
+                                                   max_completion_length=8, seed=0, ds3_gather_for_generation=True))
+    if hasattr(fsdp.FSDPModule, "set_reshard_after_forward"):  # torch >= 2.8: taken; then as torch 2.7 has it
+        assert HeldOutCallback(trainer, [], k=2, plot=False).config.backend == "hf"
+        monkeypatch.delattr(fsdp.FSDPModule, "set_reshard_after_forward")
+    with pytest.raises(ValueError, match=r"held-out evaluation during training under FSDP2 needs torch >= 2\.8 .*"
+                                         r"upgrade torch.*trl-variants evaluate.*--heldout_eval_steps 0"):
+        HeldOutCallback(trainer, [], k=2, plot=False)
+
+
 @pytest.mark.parametrize("sharding", ["zero3", "fsdp2", "fsdp1", "zero3_no_gather"])
 def test_evaluation_during_training_where_the_weights_are_sharded(sharding):
     """Under ZeRO-3 / FSDP each process samples its own chunks for its own number of decoding steps, so the
