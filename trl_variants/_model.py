@@ -180,8 +180,8 @@ def whole_policy_for_generation(trainer):
         model._get_fsdp_state()._lazy_init()  # inside: settled now (a no-op after it), so that what is saved is kept
     # each module's setting, saved to be put back exactly: torch has no public getter for it
     states = [m._get_fsdp_state() for m in modules]
-    saved = [(s, getattr(s, "_auto_reshard_after_forward", None),  # (torch 2.6 has none: its root settles at _lazy_init)
-              [(g, g.post_forward_mesh_info) for g in fsdp_param_groups(s)]) for s in states]
+    saved = [(s, s._auto_reshard_after_forward, [(g, g.post_forward_mesh_info) for g in fsdp_param_groups(s)])
+             for s in states]
     try:
         for m in modules:
             m.set_reshard_after_forward(False, recurse=False)
@@ -191,8 +191,7 @@ def whole_policy_for_generation(trainer):
     finally:
         drop_gathered_weights(trainer, model)
         for s, auto, groups in saved:
-            if auto is not None:
-                s._auto_reshard_after_forward = auto
+            s._auto_reshard_after_forward = auto
             for g, info in groups:
                 g.post_forward_mesh_info = info
 
