@@ -45,11 +45,9 @@ def run_version(version: str, tests: list[str]) -> None:
 
 def summarize(log: Path) -> dict:
     """The version's row: its pytest summary, wall time and failed tests, read from its log."""
-    text = log.read_text()
-    lines = text.splitlines()
+    lines = log.read_text().splitlines()
     torch_line = next((line for line in lines if line.startswith("test_with_torch: torch ")), "")
-    summary = next((SUMMARY.match(line.strip("= ")) for line in reversed(lines) if SUMMARY.match(line.strip("= "))),
-                   None)
+    summary = next(filter(None, (SUMMARY.match(line.strip("= ")) for line in reversed(lines))), None)
     failed = sorted({line.split()[1] for line in lines if line.startswith(("FAILED ", "ERROR "))})
     commit = next((line.removeprefix("# commit ") for line in lines[:3] if line.startswith("# commit ")), "?")
     return {"version": log.stem, "build": torch_line.split()[2] if torch_line else "?", "commit": commit,

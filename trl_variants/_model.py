@@ -201,12 +201,9 @@ def whole_value(tensor):
     gathered with ``full_tensor()``, a collective every process must join; anything else is returned as it is. Under
     torch 2.8 the gradient norm ``clip_grad_norm_`` returns for FSDP2's sharded gradients is a partial DTensor whose
     ``.item()`` (what transformers logs) is this process's share: 2 processes logged 0.66x one's (the clipping itself
-    used the whole norm: the weights were the same). torch 2.10 and later return it replicated; nothing to gather."""
-    try:
-        from torch.distributed.tensor import DTensor
-    except ImportError:  # torch built without distributed
-        return tensor
-    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+    used the whole norm: the weights were the same). torch 2.10 and later return it replicated; nothing to gather.
+    (A DTensor recognised by its method, as :func:`~trl_variants._numerics._local` does.)"""
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
 
 
 def fsdp_param_groups(state) -> list:

@@ -382,22 +382,31 @@ def test_an_in_training_evaluation_generates_as_the_trainer_does():
     assert continuous.transformers_continuous_batching_config == {"max_memory_percent": 0.5}  # as TRL sizes it
 
 
+def _sharded_trainer(sharding: str, stage: int = 3):
+    """A stand-in trainer as the evaluation callbacks read it: ``sharding`` one of zero3, zero3_no_gather, fsdp1,
+    fsdp2 (FSDP only at ``stage`` 3; ZeRO at ``stage``)."""
+    from types import SimpleNamespace
+
+    fsdp = sharding.startswith("fsdp") and stage == 3
+    state = SimpleNamespace(deepspeed_plugin=SimpleNamespace(zero_stage=stage),
+                            fsdp_plugin=SimpleNamespace(fsdp_version=int(sharding[-1])) if fsdp else None)
+    return SimpleNamespace(
+        is_fsdp_enabled=fsdp, is_deepspeed_enabled=sharding.startswith("zero3"), use_vllm=True,
+        accelerator=SimpleNamespace(state=state),
+        args=SimpleNamespace(disable_tqdm=True, temperature=1.0, top_p=1.0, max_completion_length=8, seed=0,
+                             ds3_gather_for_generation=sharding != "zero3_no_gather"))
+
+
 def test_evaluation_during_training_under_fsdp2_on_torch_older_than_2_8_is_refused_before_training(monkeypatch):
     """torch 2.7's FSDPModule has no ``set_reshard_after_forward``, which keeps the gathered weights through the
     evaluation's forwards: under torch 2.7 the evaluation under FSDP2 stopped at its first sampling with an
     AttributeError (test_equivalence.py's EEPO case, `scripts/check_torch_versions.py`). Refused when the callback is
     made, naming the version and the ways out."""
-    from types import SimpleNamespace
-
     import torch.distributed.fsdp as fsdp
 
     from trl_variants.evaluation.callbacks import HeldOutCallback
 
-    trainer = SimpleNamespace(is_fsdp_enabled=True, is_deepspeed_enabled=False, use_vllm=False,
-                              accelerator=SimpleNamespace(state=SimpleNamespace(
-                                  deepspeed_plugin=None, fsdp_plugin=SimpleNamespace(fsdp_version=2))),
-                              args=SimpleNamespace(disable_tqdm=True, temperature=1.0, top_p=1.0,
-                                                   max_completion_length=8, seed=0, ds3_gather_for_generation=True))
+    trainer = _sharded_trainer("fsdp2")
     if hasattr(fsdp.FSDPModule, "set_reshard_after_forward"):  # torch >= 2.8: taken; then as torch 2.7 has it
         assert HeldOutCallback(trainer, [], k=2, plot=False).config.backend == "hf"
         monkeypatch.delattr(fsdp.FSDPModule, "set_reshard_after_forward")
@@ -413,19 +422,10 @@ def test_evaluation_during_training_where_the_weights_are_sharded(sharding):
     FSDP2 in distributed/test_equivalence.py and results/distributed/heldout.md). Refused where it cannot: FSDP1, and
     ZeRO-3 with ``ds3_gather_for_generation=False`` (the model may not fit on one device), naming the fix; and the
     vLLM backend there (untested). ZeRO-2 takes either backend."""
-    from types import SimpleNamespace
-
     from trl_variants.evaluation.callbacks import HeldOutCallback, PassAtKCallback
 
     def trainer(stage):
-        fsdp = sharding.startswith("fsdp") and stage == 3
-        state = SimpleNamespace(deepspeed_plugin=SimpleNamespace(zero_stage=stage),
-                                fsdp_plugin=SimpleNamespace(fsdp_version=int(sharding[-1])) if fsdp else None)
-        return SimpleNamespace(
-            is_fsdp_enabled=fsdp, is_deepspeed_enabled=sharding.startswith("zero3"), use_vllm=True,
-            accelerator=SimpleNamespace(state=state),
-            args=SimpleNamespace(disable_tqdm=True, temperature=1.0, top_p=1.0, max_completion_length=8, seed=0,
-                                 ds3_gather_for_generation=sharding != "zero3_no_gather"))
+        return _sharded_trainer(sharding, stage)
 
     refusal = {"fsdp1": r"FSDP1 cannot hold the full weights.*fsdp_version: 2.*trl-variants evaluate",
                "zero3_no_gather": r"DeepSpeed ZeRO-3 .*sets ds3_gather_for_generation=False.*set it True.*trl-variants evaluate"}
