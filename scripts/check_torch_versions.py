@@ -46,7 +46,7 @@ def run_version(version: str, tests: list[str]) -> None:
 def summarize(log: Path) -> dict:
     """The version's row: its pytest summary, wall time and failed tests, read from its log."""
     lines = log.read_text().splitlines()
-    torch_line = next((line for line in lines if line.startswith("test_with_torch: torch ")), "")
+    torch_line = next((line for line in lines if line.startswith(("test_with: torch ", "test_with_torch: torch "))), "")
     summary = next(filter(None, (SUMMARY.match(line.strip("= ")) for line in reversed(lines))), None)
     failed = sorted({line.split()[1] for line in lines if line.startswith(("FAILED ", "ERROR "))})
     commit = next((line.removeprefix("# commit ") for line in lines[:3] if line.startswith("# commit ")), "?")

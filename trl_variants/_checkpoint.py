@@ -298,6 +298,7 @@ class CheckpointStateMixin:
                 if moved:
                     warn_other_processes(resume_from_checkpoint, moved, self.args, type(self).__name__)
             self._restore_rollout(resume_from_checkpoint, start_step, moved[0] if moved else None)
+            restore_indexed_cpu_locations()
         token = _TRAINING.set(self)
         try:
             output = super().train(resume_from_checkpoint, *args, **kwargs)
@@ -374,3 +375,27 @@ def check_checkpoint_record(checkpoint: str, trainer_name: str, args) -> dict:
             f"resume_from_checkpoint (model={checkpoint!r} starts it from those weights)")
     check_same_backend(checkpoint, args)
     return record
+
+
+def _keep_on_the_cpu(storage, location: str):
+    return storage if location.startswith("cpu:") else None
+
+
+def restore_indexed_cpu_locations() -> None:
+    """Let ``torch.load`` map storages to an indexed CPU device (``cpu:0``), once per process, under transformers up to
+    5.17: there ``Trainer`` loads the optimizer state of a run on several processes with ``map_location=args.device``,
+    which on CPU processes is ``cpu:0``, a location torch refuses ("don't know how to restore data location of
+    torch.storage.UntypedStorage (tagged with cpu:0)"), so no run on several CPU processes could resume. 5.18 maps it
+    to ``"cpu"``, but the newest transformers the ``[vllm]`` extra allows is 5.17. Registers a deserializer with
+    torch's public ``torch.serialization.register_package`` that keeps such a storage on the CPU (nothing else)."""
+    global _INDEXED_CPU_REGISTERED
+    import transformers
+    from packaging.version import Version
+
+    if _INDEXED_CPU_REGISTERED or Version(transformers.__version__) >= Version("5.18"):
+        return
+    torch.serialization.register_package(5, lambda storage: None, _keep_on_the_cpu)
+    _INDEXED_CPU_REGISTERED = True
+
+
+_INDEXED_CPU_REGISTERED = False

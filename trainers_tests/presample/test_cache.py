@@ -105,6 +105,22 @@ def test_edited_model_config_is_a_miss(tmp_path, prompts, tiny_tokenizer):
     assert after["ref_prompt_logp"] != pytest.approx(before["ref_prompt_logp"], abs=1e-3)
 
 
+def test_an_eos_id_and_a_list_of_it_are_one_key(prompts, tiny_tokenizer):
+    """transformers up to 5.17 turns the policy's ``eos_token_id`` 2 into [2] when ``train()`` starts; the same
+    stopping rule must keep the key (A*-PO's lazy stage 1 resampled cached shards on a resume otherwise), while
+    another end-of-sequence id is another key."""
+    config = PresampleConfig(num_samples=2, value_beta=0.5)
+    model = AutoModelForCausalLM.from_pretrained(DEFAULT_MODEL_PATH)
+    eos = model.generation_config.eos_token_id
+    assert isinstance(eos, int)
+    key = cache_key(model, tiny_tokenizer, prompts, config)
+    model.generation_config.eos_token_id = [eos]
+    assert cache_key(model, tiny_tokenizer, prompts, config) == key
+    assert model.generation_config.eos_token_id == [eos]  # the model's own config is left as it was
+    model.generation_config.eos_token_id = [eos, eos + 1]
+    assert cache_key(model, tiny_tokenizer, prompts, config) != key
+
+
 def test_layout_and_tokenization_are_in_the_key(prompts, tiny_model, tiny_tokenizer):
     """Samples depend on the generation batch (one RNG draw per batch): a pass cached with one layout must not be
     served to a run with another. The prompt ids (chat template, its kwargs) are in the key too."""

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import transformers
 import transformers.trainer
 from transformers import TrainerState
 
@@ -287,6 +288,29 @@ def test_two_processes_resume_the_global_pef_stream(tmp_path):
 
 
 # ------------------------------------------------------------------- the data order after an epoch boundary ---
+def test_an_optimizer_state_mapped_to_cpu_0_loads_under_transformers_up_to_5_17(tmp_path, monkeypatch):
+    """transformers up to 5.17 (what the [vllm] extra installs) loads the optimizer state of a run on several CPU
+    processes with ``map_location=args.device``, ``cpu:0``, which torch refuses: no such run could resume (the
+    two-process resume tests above failed there). A resume registers a deserializer that keeps those storages on the
+    CPU; nothing is registered under transformers 5.18 and later, which map to "cpu" themselves."""
+    from trl_variants import _checkpoint
+
+    path = tmp_path / "optimizer.pt"
+    torch.save({"state": {0: {"exp_avg": torch.arange(3.0)}}}, path)
+    monkeypatch.setattr(_checkpoint, "_INDEXED_CPU_REGISTERED", False)
+    monkeypatch.setattr(transformers, "__version__", "5.18.0")
+    _checkpoint.restore_indexed_cpu_locations()
+    assert not _checkpoint._INDEXED_CPU_REGISTERED
+    if not any(fn is _checkpoint._keep_on_the_cpu for _, _, fn in torch.serialization._package_registry):
+        with pytest.raises(RuntimeError, match="tagged with cpu:0"):  # what 5.17 met
+            torch.load(path, map_location=torch.device("cpu", 0), weights_only=True)
+    monkeypatch.setattr(transformers, "__version__", "5.17.0")
+    _checkpoint.restore_indexed_cpu_locations()
+    loaded = torch.load(path, map_location=torch.device("cpu", 0), weights_only=True)
+    assert torch.equal(loaded["state"][0]["exp_avg"], torch.arange(3.0))
+    assert loaded["state"][0]["exp_avg"].device == torch.device("cpu")
+
+
 def test_replayable_epochs_keep_trls_order_and_replay_any_epoch():
     """TRL's RepeatSampler draws one permutation per pass from a generator seeded once: a new sampler (a resumed run)
     started again at epoch 0's order. ReplayableEpochs gives every epoch TRL's order, from a fresh sampler too."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import os
@@ -17,11 +18,18 @@ from .reward_calls import reward_fingerprint, reward_name
 
 def _model_fingerprint(model) -> str:
     """Identity of the model: its full config and generation config (an edited ``rope_theta`` is another model),
-    and a hash of a sample of every parameter tensor plus its sum (fine-tuned weights are another model)."""
+    and a hash of a sample of every parameter tensor plus its sum (fine-tuned weights are another model). An
+    ``eos_token_id`` of one id counts the same as a list of that id: transformers up to 5.17 turns the policy's
+    ``eos_token_id`` into a list when ``train()`` starts (``align_special_tokens``), which made A*-PO's lazy stage 1
+    resample, on a resume, shards it had sampled from the policy before its first update."""
     h = hashlib.sha256(str(getattr(model.config, "_name_or_path", "")).encode())
     h.update(model.config.to_json_string(use_diff=False).encode())
     generation_config = getattr(model, "generation_config", None)
     if generation_config is not None:
+        eos = generation_config.eos_token_id
+        if isinstance(eos, list) and len(eos) == 1:  # [2] stops where 2 does: one key for both forms
+            generation_config = copy.deepcopy(generation_config)
+            generation_config.eos_token_id = eos[0]
         h.update(generation_config.to_json_string(use_diff=False).encode())
     with torch.no_grad():
         for name, p in model.named_parameters():
