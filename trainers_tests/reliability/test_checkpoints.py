@@ -297,13 +297,15 @@ def test_an_optimizer_state_mapped_to_cpu_0_loads_under_transformers_up_to_5_17(
 
     path = tmp_path / "optimizer.pt"
     torch.save({"state": {0: {"exp_avg": torch.arange(3.0)}}}, path)
+    # this process as if no resume had registered it yet (the registry is put back after the test)
+    registry = [entry for entry in torch.serialization._package_registry if entry[2] is not _checkpoint._keep_on_the_cpu]
+    monkeypatch.setattr(torch.serialization, "_package_registry", registry)
     monkeypatch.setattr(_checkpoint, "_INDEXED_CPU_REGISTERED", False)
     monkeypatch.setattr(transformers, "__version__", "5.18.0")
     _checkpoint.restore_indexed_cpu_locations()
     assert not _checkpoint._INDEXED_CPU_REGISTERED
-    if not any(fn is _checkpoint._keep_on_the_cpu for _, _, fn in torch.serialization._package_registry):
-        with pytest.raises(RuntimeError, match="tagged with cpu:0"):  # what 5.17 met
-            torch.load(path, map_location=torch.device("cpu", 0), weights_only=True)
+    with pytest.raises(RuntimeError, match="tagged with cpu:0"):  # what 5.17 met
+        torch.load(path, map_location=torch.device("cpu", 0), weights_only=True)
     monkeypatch.setattr(transformers, "__version__", "5.17.0")
     _checkpoint.restore_indexed_cpu_locations()
     loaded = torch.load(path, map_location=torch.device("cpu", 0), weights_only=True)
