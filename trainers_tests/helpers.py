@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
+import transformers
+from packaging.version import Version
 
 from trl_variants.default import DEFAULT_MODEL_PATH, load_default_dataset
 from trl_variants.generation import tokenize_prompts
 from trl_variants.registry import PAPER_METHODS, method_classes
+
+needs_continuous_batching = pytest.mark.skipif(
+    Version(transformers.__version__) < Version("5.8"),
+    reason=f"transformers {transformers.__version__} has no continuous batching (5.8 and later; TRL 1.16 requires 5.8 "
+           "for it too); the trainers, the offline pass and evaluate refuse it there by name "
+           "(test_a_transformers_without_continuous_batching_is_refused_by_name, with the version patched)")
 
 CPU_ARGS = dict(
     use_cpu=True, bf16=False, report_to="none", save_strategy="no", logging_steps=1, seed=0,

@@ -170,7 +170,14 @@ def check_continuous_batching(*, repetition_penalty: float = 1.0, generation_kwa
     would silently drop or cannot run here: a repetition penalty, ``generation_kwargs`` outside
     :data:`CONTINUOUS_BATCHING_GENERATION_KWARGS`, a ``continuous_batching_config`` that is not
     ``ContinuousBatchingConfig``'s (or sets the seed the pass owns), and on a CPU (``device``; None: the machine has
-    no CUDA / XPU device) async batching, which transformers runs on CUDA / XPU only."""
+    no CUDA / XPU device) async batching, which transformers runs on CUDA / XPU only, and a transformers older than
+    5.8, which has none (TRL 1.16 requires 5.8 for it too)."""
+    import transformers
+    from packaging.version import Version
+
+    if Version(transformers.__version__) < Version("5.8"):
+        raise ValueError(f"{flag} needs transformers >= 5.8 (its continuous batching engine); this is transformers "
+                         f"{transformers.__version__}. Upgrade it (pip install -U transformers), or set {flag}=False")
     from transformers.generation import ContinuousBatchingConfig
 
     if repetition_penalty != 1.0:

@@ -9,10 +9,11 @@ import pytest
 
 from trl_variants.generation import page_size_name
 
-from ..helpers import run_two_ranks
+from ..helpers import needs_continuous_batching, run_two_ranks
 
 
 @pytest.mark.slow
+@needs_continuous_batching
 def test_bf16_continuous_batching_on_two_ranks_keeps_the_replicas_equal(tmp_path):
     script = tmp_path / "cb.py"
     page = page_size_name()  # "block_size" up to transformers 5.17 (what the [vllm] extra installs)

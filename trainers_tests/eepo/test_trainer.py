@@ -13,6 +13,7 @@ from ..helpers import (
     assert_exactly_grpo,
     fixed_batch,
     grpo_trainer,
+    needs_continuous_batching,
     run_two_ranks,
     small_config,
     train_dataset,
@@ -406,6 +407,7 @@ def test_reading_row_by_row_generation_equals_the_forward():
         torch.testing.assert_close(logps[i, : len(e)], e, atol=1e-4, rtol=0)
 
 
+@needs_continuous_batching
 def test_capture_stage2_logps_rule():
     """None reads while generating only where that gives the forward's values; True/False force."""
     from types import SimpleNamespace

@@ -22,6 +22,8 @@ from trl_variants.evaluate import EvalConfig, correctness_index, evaluate
 from trl_variants.evaluation import runner, sampling
 from trl_variants.rewards import format_reward
 
+from ..helpers import needs_continuous_batching
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -356,6 +358,7 @@ def test_docs_benchmark_command_parses_and_loads_the_benchmark(recipe, tmp_path,
     assert seen["config"].max_completion_length >= 1024 and seen["kwargs"]["dtype"] == "bfloat16"
 
 
+@needs_continuous_batching
 def test_an_in_training_evaluation_generates_as_the_trainer_does():
     """HeldOutCallback / PassAtKCallback evaluate with the trainer's static cache or continuous batching (they used
     plain ``generate`` whatever the trainer's options); a config that sets an engine itself keeps it."""

@@ -3,6 +3,8 @@
 import importlib.util
 from pathlib import Path
 
+from ..helpers import needs_continuous_batching
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -46,6 +48,7 @@ def test_throughput_bound_targets_are_judged_only_where_generation_is():
     assert cpu[("eepo", "grpo_beta0")]["met"] is None and cpu[("eepo", "grpo_two_generates")]["met"] is True
 
 
+@needs_continuous_batching
 def test_gpu_continuous_batching_variants_hold_bf16_weights_with_bf16_off(tmp_path):
     """`--gpu --continuous_batching`: TRL's own GRPOTrainer fails bf16 + continuous batching, so every variant holds
     its weights in bf16 with bf16 off (ours allowing it: no upcast), the same setting for the baseline and ours.

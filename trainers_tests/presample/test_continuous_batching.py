@@ -7,6 +7,7 @@ by name.
 """
 
 import json
+import sys
 import warnings
 from types import SimpleNamespace
 
@@ -23,9 +24,10 @@ from trl_variants.presample.config import METADATA_KEY
 from trl_variants.presample.runner import HFGenerator
 from trl_variants.presample.vllm_backend import trainer_generator
 
-from ..helpers import small_config, small_trainer
+from ..helpers import needs_continuous_batching, small_config, small_trainer
 
-PAGE = page_size_name()  # "block_size" up to transformers 5.17 (what the [vllm] extra installs)
+pytestmark = needs_continuous_batching
+PAGE = page_size_name() if not needs_continuous_batching.args[0] else "page_size"  # "block_size" up to 5.17
 SMALL_ENGINE = {"num_blocks": 16, PAGE: 32, "max_batch_tokens": 256}  # a cache sized for these tests
 ENGINES = {"continuous_batching": dict(use_transformers_continuous_batching=True,
                                        transformers_continuous_batching_config=SMALL_ENGINE),
@@ -63,6 +65,25 @@ def test_generate_batch_on_cpu_records_completions_as_generate(tiny_model, tiny_
     assert cb == sample(0, continuous_batching=True, continuous_batching_config=SMALL_ENGINE)
     assert sample(0, cache_implementation="static") == sample(0)
     assert tiny_model.training is False  # left in the mode it was in (from_pretrained: eval)
+
+
+def test_a_transformers_without_continuous_batching_is_refused_by_name(tmp_path, monkeypatch):
+    """Below transformers 5.8 there is no engine: the offline pass, evaluate and every trainer config refuse the
+    option naming the version and the ways out, before anything loads (an ImportError of
+    ``ContinuousBatchingConfig`` otherwise, from deep inside)."""
+    from trl_variants import ERPOConfig
+    from trl_variants.evaluation import EvalConfig
+
+    # the module object code imports now (importing TRL's grpo_trainer replaces sys.modules["transformers"])
+    monkeypatch.setattr(sys.modules["transformers"], "__version__", "5.7.0")
+    message = r"use_transformers_continuous_batching needs transformers >= 5.8 .*this is transformers 5.7.0"
+    with pytest.raises(ValueError, match=message):
+        PresampleConfig(num_samples=2, use_transformers_continuous_batching=True)
+    with pytest.raises(ValueError, match=message):
+        EvalConfig(use_transformers_continuous_batching=True)
+    with pytest.raises(ValueError, match="ERPOConfig." + message):
+        ERPOConfig(output_dir=str(tmp_path), use_cpu=True, use_transformers_continuous_batching=True)
+    PresampleConfig(num_samples=2)  # without the option nothing is asked of transformers
 
 
 def test_refused_by_name_before_anything_loads(tiny_model, tiny_tokenizer):

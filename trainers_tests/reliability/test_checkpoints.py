@@ -8,12 +8,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
+import sys
 import warnings
 from pathlib import Path
 
 import pytest
 import torch
-import transformers
 import transformers.trainer
 from transformers import TrainerState
 
@@ -301,12 +301,13 @@ def test_an_optimizer_state_mapped_to_cpu_0_loads_under_transformers_up_to_5_17(
     registry = [entry for entry in torch.serialization._package_registry if entry[2] is not _checkpoint._keep_on_the_cpu]
     monkeypatch.setattr(torch.serialization, "_package_registry", registry)
     monkeypatch.setattr(_checkpoint, "_INDEXED_CPU_REGISTERED", False)
-    monkeypatch.setattr(transformers, "__version__", "5.18.0")
+    # the module object code imports now (importing TRL's grpo_trainer replaces sys.modules["transformers"])
+    monkeypatch.setattr(sys.modules["transformers"], "__version__", "5.18.0")
     _checkpoint.restore_indexed_cpu_locations()
     assert not _checkpoint._INDEXED_CPU_REGISTERED
     with pytest.raises(RuntimeError, match="tagged with cpu:0"):  # what 5.17 met
         torch.load(path, map_location=torch.device("cpu", 0), weights_only=True)
-    monkeypatch.setattr(transformers, "__version__", "5.17.0")
+    monkeypatch.setattr(sys.modules["transformers"], "__version__", "5.17.0")
     _checkpoint.restore_indexed_cpu_locations()
     loaded = torch.load(path, map_location=torch.device("cpu", 0), weights_only=True)
     assert torch.equal(loaded["state"][0]["exp_avg"], torch.arange(3.0))
