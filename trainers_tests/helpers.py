@@ -11,6 +11,12 @@ from trl_variants.default import DEFAULT_MODEL_PATH, load_default_dataset
 from trl_variants.generation import tokenize_prompts
 from trl_variants.registry import PAPER_METHODS, method_classes
 
+READS_WHILE_GENERATING = Version(transformers.__version__) >= Version("5.2")
+"""EEPO reads stage 2's log-probs while generating (capture_stage2_logps): transformers 5.0's decoding loop is not the
+one it reads (EEPO falls back to the separate forward, with a warning); 5.2, 5.5, 5.8, 5.17 and 5.24 are (checked)."""
+needs_reading_while_generating = pytest.mark.skipif(
+    not READS_WHILE_GENERATING, reason=f"transformers {transformers.__version__}'s decoding loop is not the one EEPO "
+                                       "reads stage 2's log-probs from (5.2 and later); EEPO falls back there")
 needs_continuous_batching = pytest.mark.skipif(
     Version(transformers.__version__) < Version("5.8"),
     reason=f"transformers {transformers.__version__} has no continuous batching (5.8 and later; TRL 1.16 requires 5.8 "

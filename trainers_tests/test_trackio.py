@@ -43,6 +43,9 @@ def test_trains_with_trackio_and_records_the_offline_pass(method, tmp_path, trac
     overrides = {"entropy_gate": "always"} if method == "eepo" else {}
     trainer = small_trainer(method, tmp_path, report_to=["trackio"], project=PROJECT, run_name=method, max_steps=2,
                             max_completion_length=8, **overrides)
+    # local by default on every transformers (before 5.8 its default was the public Space "trackio"; the whole suite
+    # under transformers 5.0 failed here, unable to deploy it offline)
+    assert trainer.args.trackio_space_id is None
     trainer.train()
     assert trainer.state.global_step == 2
     logs = _recorded(method)

@@ -70,6 +70,11 @@ class GuardedConfig(GRPOConfig):
                   "choices": list(LOW_PRECISION_WEIGHTS)},
     )
 
+    # transformers before 5.8 defaults trackio_space_id to "trackio": `report_to: trackio` then deploys a public
+    # Space (and fails offline); from 5.8 trackio logs to a local directory unless a Space is named, on every version
+    trackio_space_id: str | None = field(
+        default=None, metadata={"help": "Hugging Face Space for live Trackio logging; None: a local directory only."})
+
     def __post_init__(self):
         super().__post_init__()
         if self.low_precision_weights not in LOW_PRECISION_WEIGHTS:

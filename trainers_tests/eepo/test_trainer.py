@@ -14,6 +14,7 @@ from ..helpers import (
     fixed_batch,
     grpo_trainer,
     needs_continuous_batching,
+    needs_reading_while_generating,
     run_two_ranks,
     small_config,
     train_dataset,
@@ -381,6 +382,7 @@ def test_reading_several_generate_calls_by_hand():
     assert reader.scores([[2], [0], [2]]) is None  # call 1 ran two steps: its row has two tokens
 
 
+@needs_reading_while_generating
 def test_reading_row_by_row_generation_equals_the_forward():
     """The read around generate calls of one row each (as the 2-process harness samples) equals a plain forward."""
     from transformers import AutoModelForCausalLM, AutoTokenizer

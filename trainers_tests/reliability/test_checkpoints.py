@@ -71,7 +71,10 @@ def _die_at_second_save(monkeypatch, where: str) -> None:
     """Interrupt the save of checkpoint-2: after the model, optimizer and RNG files, before or while transformers
     writes ``trainer_state.json`` (which holds our record), or after it, before the rotation of old checkpoints."""
     calls = {"save_to_json": 0, "rotate": 0}
-    real_save, real_rotate = TrainerState.save_to_json, transformers.trainer.rotate_checkpoints
+    # the rotation is transformers.trainer.rotate_checkpoints, Trainer._rotate_checkpoints in older 5.x (5.0)
+    owner, name = ((transformers.trainer, "rotate_checkpoints") if hasattr(transformers.trainer, "rotate_checkpoints")
+                   else (transformers.Trainer, "_rotate_checkpoints"))
+    real_save, real_rotate = TrainerState.save_to_json, getattr(owner, name)
 
     def save_to_json(self, json_path):
         calls["save_to_json"] += 1
@@ -90,7 +93,7 @@ def _die_at_second_save(monkeypatch, where: str) -> None:
         return real_rotate(*args, **kwargs)
 
     monkeypatch.setattr(TrainerState, "save_to_json", save_to_json)
-    monkeypatch.setattr(transformers.trainer, "rotate_checkpoints", rotate)
+    monkeypatch.setattr(owner, name, rotate)
 
 
 @pytest.mark.slow
