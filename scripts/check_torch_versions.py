@@ -101,7 +101,8 @@ def write_table(rows: list[dict], packages: bool = False) -> Path:
 
 
 def version_key(log: Path) -> tuple:
-    return tuple(int(part) for part in re.findall(r"\d+", log.stem))
+    """By version; a version's run before its fixes (``..._before_the_fixes.log``) before the run after them."""
+    return tuple(int(part) for part in re.findall(r"\d+", log.stem)), "before_the_fixes" not in log.stem
 
 
 def main(argv: list[str] | None = None) -> int:
