@@ -86,6 +86,24 @@ def test_a_transformers_without_continuous_batching_is_refused_by_name(tmp_path,
     PresampleConfig(num_samples=2)  # without the option nothing is asked of transformers
 
 
+def test_the_page_size_is_read_under_either_name():
+    """The cache's page size is ``block_size`` up to transformers 5.17 (the [vllm] extra's) and ``page_size`` from
+    5.18 (which still takes ``block_size``): the CPU cache is sized from either; ``page_size`` on 5.17 is refused
+    naming the rename."""
+    from trl_variants.generation import _cpu_cache_blocks
+
+    # 2 prompts of 10 tokens + 6 new: 2 pages of 8 each, one spare
+    for name in ("block_size", "page_size"):
+        assert _cpu_cache_blocks({name: 8}, [[1] * 10, [2] * 10], max_new_tokens=6) == {name: 8, "num_blocks": 5}
+    if PAGE == "block_size":
+        with pytest.raises(ValueError, match=r"this transformers calls page_size block_size: it was renamed in 5\.18"):
+            PresampleConfig(num_samples=2, use_transformers_continuous_batching=True,
+                            transformers_continuous_batching_config={"page_size": 8})
+    else:
+        PresampleConfig(num_samples=2, use_transformers_continuous_batching=True,
+                        transformers_continuous_batching_config={"page_size": 8})
+
+
 def test_refused_by_name_before_anything_loads(tiny_model, tiny_tokenizer):
     """What continuous batching would drop, or cannot run on a CPU, is refused naming the option and the fix."""
     cb = dict(num_samples=2, use_transformers_continuous_batching=True)
