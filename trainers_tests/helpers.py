@@ -17,8 +17,9 @@ one it reads (EEPO falls back to the separate forward, with a warning); 5.2, 5.5
 needs_reading_while_generating = pytest.mark.skipif(
     not READS_WHILE_GENERATING, reason=f"transformers {transformers.__version__}'s decoding loop is not the one EEPO "
                                        "reads stage 2's log-probs from (5.2 and later); EEPO falls back there")
+HAS_CONTINUOUS_BATCHING = Version(transformers.__version__) >= Version("5.8")
 needs_continuous_batching = pytest.mark.skipif(
-    Version(transformers.__version__) < Version("5.8"),
+    not HAS_CONTINUOUS_BATCHING,
     reason=f"transformers {transformers.__version__} has no continuous batching (5.8 and later; TRL 1.16 requires 5.8 "
            "for it too); the trainers, the offline pass and evaluate refuse it there by name "
            "(test_a_transformers_without_continuous_batching_is_refused_by_name, with the version patched)")

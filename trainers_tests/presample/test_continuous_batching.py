@@ -24,10 +24,10 @@ from trl_variants.presample.config import METADATA_KEY
 from trl_variants.presample.runner import HFGenerator
 from trl_variants.presample.vllm_backend import trainer_generator
 
-from ..helpers import needs_continuous_batching, small_config, small_trainer
+from ..helpers import HAS_CONTINUOUS_BATCHING, needs_continuous_batching, small_config, small_trainer
 
 pytestmark = needs_continuous_batching
-PAGE = page_size_name() if not needs_continuous_batching.args[0] else "page_size"  # "block_size" up to 5.17
+PAGE = page_size_name() if HAS_CONTINUOUS_BATCHING else "page_size"  # "block_size" up to 5.17
 SMALL_ENGINE = {"num_blocks": 16, PAGE: 32, "max_batch_tokens": 256}  # a cache sized for these tests
 ENGINES = {"continuous_batching": dict(use_transformers_continuous_batching=True,
                                        transformers_continuous_batching_config=SMALL_ENGINE),
