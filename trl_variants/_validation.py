@@ -25,89 +25,7 @@ def _rows(rows: list[int]) -> str:
 
 
 # ------------------------------------------------------------------------------------------ config time ---
-def _num(value) -> float:
-    """``value`` as a float (a YAML string such as "1e-6" included); NaN when it is not a number."""
-    if isinstance(value, bool):
-        return math.nan
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return math.nan
-
-
-def check_common(config) -> None:
-    """Options of ``GRPOConfig`` that TRL 1.16 accepts but that fail later (after the model load, or the reference
-    pass): sampling, lengths, learning rate, PPO clipping. ``GRPOConfig`` itself already checks
-    ``num_generations >= 2`` and the batch / generation-batch divisibility, so those are not repeated here."""
-    name = type(config).__name__
-
-    def bad(field: str, value, want: str, fix: str):
-        raise ValueError(f"{name}.{field} must be {want}, got {value!r}: {fix}")
-
-    t = config.temperature
-    if not (math.isfinite(_num(t)) and _num(t) > 0):
-        bad("temperature", t, "a finite number > 0", "log-probs are divided by it; for near-greedy sampling use a "
-            "small value such as 0.01")
-    m = config.max_completion_length
-    if m is not None and not _num(m) >= 1:
-        bad("max_completion_length", m, "an integer >= 1", "set the number of new tokens to generate, e.g. 256")
-    lr = config.learning_rate
-    if not (math.isfinite(_num(lr)) and _num(lr) >= 0):
-        bad("learning_rate", lr, "a finite number >= 0", "use e.g. 1e-6 (0 freezes the weights)")
-    p = config.top_p
-    if not 0 < _num(p) <= 1:
-        bad("top_p", p, "in (0, 1]", "1.0 disables nucleus sampling")
-    k = config.top_k
-    if k is not None and not _num(k) >= 0:
-        bad("top_k", k, "an integer >= 0", "0 disables top-k filtering")
-    mp = getattr(config, "min_p", None)
-    if mp is not None and not 0 <= _num(mp) <= 1:
-        bad("min_p", mp, "None or in [0, 1]", "None disables min-p filtering")
-    rp = config.repetition_penalty
-    if not (math.isfinite(_num(rp)) and _num(rp) > 0):
-        bad("repetition_penalty", rp, "a finite number > 0", "1.0 disables the penalty")
-    if not _num(config.num_iterations) >= 1:
-        bad("num_iterations", config.num_iterations, "an integer >= 1", "1 is one optimization pass per generation")
-    for field in ("epsilon", "epsilon_high"):
-        e = getattr(config, field, None)
-        if e is not None and not (math.isfinite(_num(e)) and _num(e) >= 0):
-            bad(field, e, "a finite number >= 0", "it is the PPO clipping range, e.g. 0.2")
-    launched = os.environ.get("ACCELERATE_MIXED_PRECISION", "no").strip().lower()
-    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true" and launched in ("bf16", "fp16") \
-            and not (config.bf16 or config.fp16):
-        raise ValueError(
-            f"{name}: the launcher's DeepSpeed config runs {launched} (accelerate launch: mixed_precision {launched}) "
-            f"but {name}.{launched} is false, which transformers refuses only inside train(), after the model loads "
-            f"and the offline pass has run (a DeepSpeed config mismatch): set --{launched} true, or launch with "
-            "--mixed_precision no")
-    if getattr(config, "use_transformers_continuous_batching", False):  # TRL's generate_batch path drops them
-        from .generation import check_continuous_batching
-
-        check_continuous_batching(repetition_penalty=_num(rp), generation_kwargs=config.generation_kwargs,
-                                  flag=f"{name}.use_transformers_continuous_batching")
-        from ._numerics import mixed_precision, uses_fsdp
-
-        if mixed_precision(config) and uses_fsdp(config):
-            raise ValueError(
-                f"{name}.use_transformers_continuous_batching under FSDP with bf16/fp16 is refused: TRL 1.16 casts the "
-                "gathered policy to bf16 in place before generating, and the trainers here keep the float32 weights "
-                "and run the model's own forward only without FSDP (FSDP has not run on a GPU here). Generate with "
-                "vLLM (use_vllm: true), with HF generate (drop use_transformers_continuous_batching), or train under "
-                "DeepSpeed ZeRO")
-        from accelerate.utils import get_int_from_env
-
-        processes = get_int_from_env(["WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE"], 1)
-        if uses_fsdp(config) and processes > 1:
-            raise ValueError(
-                f"{name}.use_transformers_continuous_batching under FSDP with {processes} processes is refused: the "
-                "engine schedules its own forward passes on each process, and under FSDP every forward gathers the "
-                "weights from all processes, so the processes' collectives stop matching (2 CPU processes stopped "
-                "with gloo's 'collective mismatch'; NCCL hangs). HF generate under FSDP steps the processes "
-                "together (synced_gpus). Generate with HF generate (drop use_transformers_continuous_batching), with "
-                "vLLM (use_vllm: true), or train under DeepSpeed ZeRO, whose ZeRO-3 weights TRL gathers before "
-                "generating")
-
-
+# GRPOConfig's options and the methods' number fields: _config_checks.py
 def check_cache_dir(value, config: str, field: str) -> None:
     """Refuse a cache directory of the offline pass that cannot be one: ``value`` (the option ``field`` of the config
     class named ``config``) or, when it is unset, ``$TRL_VARIANTS_CACHE`` (the default), naming a file or a path
@@ -289,6 +207,18 @@ _TRL_REWARD_KWARGS = {"prompts", "completions", "completion_ids", "trainer_state
 
 def reward_name(func) -> str:
     return getattr(func, "__name__", type(func).__name__)
+
+
+def reward_func_names(reward_funcs) -> list[str]:
+    """The names ``GRPOTrainer.__init__`` will give ``reward_funcs`` (its ``reward_func_names``), known before it
+    loads anything: a function's name, or the last part of a reward model's id or path."""
+    from torch import nn
+    from trl.trainer.utils import get_callable_name, get_config_model_id
+
+    funcs = [] if reward_funcs is None else reward_funcs if isinstance(reward_funcs, list) else [reward_funcs]
+    return [str(f).split("/")[-1] if isinstance(f, str | os.PathLike)
+            else get_config_model_id(f.config).split("/")[-1] if isinstance(f, nn.Module)
+            else get_callable_name(f) for f in funcs]
 
 
 def check_reward_columns(reward_funcs: Sequence[Callable], column_names: Sequence[str]) -> None:

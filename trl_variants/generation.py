@@ -163,6 +163,23 @@ OWNED_BY_THE_PASS = {
 }
 
 
+def engine_config(value, field: str) -> dict | None:
+    """``transformers_continuous_batching_config`` as a dict: as given, or parsed from the JSON text of a command line
+    (``field``, e.g. ``PresampleConfig.transformers_continuous_batching_config``, names it in the error)."""
+    if isinstance(value, str):
+        import json
+
+        try:
+            value = json.loads(value)
+        except ValueError as e:
+            raise ValueError(f"{field} is not JSON ({e}): give a JSON object of ContinuousBatchingConfig arguments, "
+                             """e.g. '{"max_batch_tokens": 2048}'""") from None
+    if value is not None and not isinstance(value, dict):
+        raise ValueError(f"{field} must be a JSON object of ContinuousBatchingConfig arguments, got {value!r}: e.g. "
+                         """'{"max_batch_tokens": 2048}'""")
+    return value
+
+
 def check_continuous_batching(*, repetition_penalty: float = 1.0, generation_kwargs: dict | None = None,
                               continuous_batching_config: dict | None = None, device=None,
                               flag: str = "use_transformers_continuous_batching") -> None:

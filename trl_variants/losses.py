@@ -170,7 +170,13 @@ def f_divergence(log_ratio: torch.Tensor, divergence: str = "js", alpha: float =
     if divergence == "alpha":
         if alpha in (0.0, 1.0):
             raise ValueError("alpha-divergence needs alpha not in {0, 1} (those limits are the KL divergences)")
-        return (torch.exp((1.0 - alpha) * log_ratio) - (1.0 - alpha) * u - alpha) / (alpha * (alpha - 1.0))
+        # the numerator rewritten with expm1 so that it keeps its digits next to alpha = 0 or 1, where it and the
+        # denominator both vanish (written as above, float32 gave a constant 1 at alpha = 1e-9: no gradient)
+        if alpha < 0.5:  # u (u^-a - 1) + a (u - 1)
+            top = u * torch.expm1(-alpha * log_ratio) + alpha * torch.expm1(log_ratio)
+        else:  # (u^(1-a) - 1) - (1-a) (u - 1)
+            top = torch.expm1((1.0 - alpha) * log_ratio) - (1.0 - alpha) * torch.expm1(log_ratio)
+        return top / (alpha * (alpha - 1.0))
     if divergence == "forward_kl_k3":
         return u - log_ratio - 1.0
     raise ValueError(f"divergence must be one of {DIVERGENCES}, got {divergence!r}")

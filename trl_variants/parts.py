@@ -5,8 +5,8 @@ list of them (:class:`PartsTrainer`). A method's trainer is ``PartsTrainer`` wit
 The contract (every method is optional; a part touches only what it declares):
 
 ============================  ==============================================================================
-``check(trainer_name, args,   before GRPOTrainer loads anything: refuse inputs the part cannot use
-train_dataset, kwargs)``
+``check(trainer_name, args,   before GRPOTrainer loads anything: refuse inputs the part cannot use (``kwargs``:
+train_dataset, kwargs)``      the trainer's other keyword arguments and its ``reward_funcs``)
 ``needs``                     reference quantities the part reads, ``{name: provide(trainer, dataset, split)}``
                               (e.g. ERPO's ``ref_prompt_logp``): computed once per dataset, however many parts
                               ask for it (:meth:`PartsTrainer._provide`)
@@ -236,7 +236,7 @@ class PartsTrainer(TrainerBase):
                     raise ValueError(f"{name}: two parts need {need!r} from different functions: one name, one "
                                      "provider (share it, or name the quantity differently)")
         for part in self.parts:
-            part.check(name, args, train_dataset, kwargs)
+            part.check(name, args, train_dataset, {**kwargs, "reward_funcs": reward_funcs})
         reward_funcs = self._checked_reward_funcs(model, reward_funcs, train_dataset, args)
         self._policy_forward: PolicyForward | None = None
         if getattr(args, "loss_combination", "sum") not in LOSS_COMBINATIONS:

@@ -454,7 +454,7 @@ def test_continuous_batching_under_fsdp_with_several_processes_is_refused(tmp_pa
     from every process, so the collectives stop matching. On 2 FSDP2 CPU processes ERPO (float32) stopped inside the
     engine with gloo's "Is there a distributed collective mismatch" (NCCL would hang). One process has no peers."""
     from trl_variants import ERPOConfig
-    from trl_variants._validation import check_common
+    from trl_variants._config_checks import check_common
 
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
     config = ERPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, use_transformers_continuous_batching=True)

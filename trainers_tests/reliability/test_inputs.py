@@ -372,9 +372,11 @@ def test_reward_column_holding_none_refused_before_model_load(trainer_cls, confi
                                          r"filter"):
         trainer_cls(DEFAULT_MODEL_PATH, [accuracy_reward, answer_reward], args=_config(config_cls, tmp_path),
                     train_dataset=data)
+    # DPH-RL is told which of two rewards without accuracy_reward decides correctness (else refused, before the load)
+    which = {"correctness_reward": "answer_or_none_reward"} if config_cls in (DPHConfig, ComposedConfig) else {}
     with pytest.raises(ModelLoaded):  # not required (a default, or **kwargs): accepted
-        trainer_cls(DEFAULT_MODEL_PATH, [answer_or_none_reward, kwargs_reward], args=_config(config_cls, tmp_path),
-                    train_dataset=data)
+        trainer_cls(DEFAULT_MODEL_PATH, [answer_or_none_reward, kwargs_reward],
+                    args=_config(config_cls, tmp_path, **which), train_dataset=data)
 
 
 @pytest.mark.parametrize("trainer_cls,config_cls", RULE_TRAINERS, ids=RULE_IDS)

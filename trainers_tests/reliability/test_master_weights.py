@@ -105,7 +105,7 @@ def test_deepspeed_bf16_from_the_launcher_only_is_refused_before_anything_loads(
     """transformers refuses a DeepSpeed config running bf16 (accelerate launch's mixed_precision) under a training
     config with bf16 off, but only inside train(), after the model load and the offline pass: refused up front."""
     from trl_variants import ERPOConfig
-    from trl_variants._validation import check_common
+    from trl_variants._config_checks import check_common
 
     config = small_config(ERPOConfig, tmp_path)  # the check ERPOConfig.__post_init__ runs first (no deepspeed here)
     monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")

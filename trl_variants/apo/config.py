@@ -6,8 +6,9 @@ from dataclasses import MISSING, dataclass, field, fields
 
 from trl import GRPOConfig
 
+from .._config_checks import check_common, check_number
 from .._numerics import GuardedConfig
-from .._validation import check_cache_dir, check_common
+from .._validation import check_cache_dir
 
 _NO_RATIO = "the regression has no importance ratio: samples (vLLM's included) enter it as they are"
 _NO_SURROGATE = "A*-PO's loss is its least-squares regression, not one of GRPO's surrogate losses"
@@ -129,6 +130,28 @@ class APOConfig(GuardedConfig):
     resume_free_fields = frozenset({"presample_cache_dir", "check_binary_rewards", "lazy_value_pass",
                                     "lazy_value_chunk_size"})
 
+    def _stand_in_group_size(self) -> int:
+        """The group size GRPOConfig's checks see for A*-PO's one completion per prompt: one that divides every
+        generation batch, so that no error names a group size nobody set (a stand-in of 2 failed an odd batch with
+        "divisible by num_generations (2)"): the batch itself where it is given, else one process's rows
+        (``per_device_train_batch_size x steps_per_generation``; GRPOConfig multiplies them by the processes)."""
+        if self.generation_batch_size is not None:
+            return max(2, self.generation_batch_size)  # GRPOConfig names a batch it cannot split itself
+        steps = self.steps_per_generation or self.gradient_accumulation_steps
+        rows = self.per_device_train_batch_size * steps
+        if rows >= 2:
+            return rows
+        from accelerate.utils import get_int_from_env
+
+        processes = get_int_from_env(["WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE"], 1)
+        if processes * rows < 2:
+            raise ValueError(
+                f"APOConfig: A*-PO's generation batch is {processes * rows} row (per_device_train_batch_size "
+                f"{self.per_device_train_batch_size} x {processes} process x steps_per_generation {steps}), and "
+                "GRPOConfig, which APOConfig extends, needs at least 2: raise per_device_train_batch_size, "
+                "gradient_accumulation_steps or steps_per_generation")
+        return processes * rows
+
     def __post_init__(self):
         check_common(self)  # options TRL accepts but that fail after the model load
         check_unused_grpo_options(self)
@@ -138,8 +161,10 @@ class APOConfig(GuardedConfig):
                              f"{self.num_generations}")
         if self.num_value_samples < 1:
             raise ValueError(f"num_value_samples (N) must be >= 1, got {self.num_value_samples}")
-        if not self.value_beta > 0:
+        if not self.value_beta > 0:  # inf is the limit V_hat = mean reward (losses.optimal_value)
             raise ValueError(f"value_beta (beta1) must be > 0, got {self.value_beta}")
+        check_number(self, "correctness_threshold", fix="a reference sample is correct when its reward is at least "
+                     "this; 1.0 for accuracy_reward")
         if self.presample_generation_batch_size < 1:
             raise ValueError(f"presample_generation_batch_size must be >= 1, got {self.presample_generation_batch_size}")
         if self.presample_shard_size < 1:
@@ -157,7 +182,7 @@ class APOConfig(GuardedConfig):
             raise ValueError(f"beta (A*-PO's beta2) must be > 0, got {self.beta}")
         single = self.num_generations == 1
         if single:  # GRPOConfig refuses G < 2 (it needs groups for advantages); A*-PO has none
-            self.num_generations = max(2, self.per_device_train_batch_size)
+            self.num_generations = self._stand_in_group_size()
             if self.num_generations_eval is None:
                 self.num_generations_eval = 1
         try:

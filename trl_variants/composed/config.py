@@ -9,7 +9,7 @@ import dataclasses
 import warnings
 from dataclasses import dataclass, field
 
-from .._validation import check_common
+from .._config_checks import check_common
 from ..dapo.config import DynamicSamplingConfig
 from ..dph.config import DPHConfig
 from ..eepo.config import EEPOConfig

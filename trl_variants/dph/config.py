@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .._validation import check_cache_dir, check_common
+from .._config_checks import check_common, check_number
+from .._validation import check_cache_dir
 from ..dapo.config import DynamicSamplingConfig
 from ..losses import DIVERGENCES
 
@@ -107,12 +108,16 @@ class DPHConfig(DynamicSamplingConfig):
         check_cache_dir(self.presample_cache_dir, type(self).__name__, "presample_cache_dir")
         if self.divergence not in DIVERGENCES:
             raise ValueError(f"divergence must be one of {DIVERGENCES}, got {self.divergence!r}")
-        if self.divergence == "alpha" and self.divergence_alpha in (0.0, 1.0):
-            raise ValueError("divergence_alpha must not be 0 or 1 (those limits are the KL divergences)")
+        if self.divergence == "alpha":
+            check_number(self, "divergence_alpha", fix="the alpha of the alpha-divergence, 0.2 by default")
+            if self.divergence_alpha in (0.0, 1.0):
+                raise ValueError("divergence_alpha must not be 0 or 1 (those limits are the KL divergences: "
+                                 "divergence='reverse_kl' and 'forward_kl')")
         if self.loss_combination not in ("sum", "count_weighted"):
             raise ValueError(f"loss_combination must be 'sum' or 'count_weighted', got {self.loss_combination!r}")
-        if self.dph_coef < 0:
-            raise ValueError(f"dph_coef (eta) must be >= 0, got {self.dph_coef}")
+        check_number(self, "dph_coef", low=0, label="(eta)", fix="it weighs the D_pef divergence; 0.2 in the paper")
+        check_number(self, "correctness_threshold", fix="a reference sample is correct when its reward is at least "
+                     "this; 1.0 for accuracy_reward")
         if self.num_presamples < 1 or not 1 <= self.pef_threshold <= self.num_presamples:
             raise ValueError(f"need 1 <= pef_threshold <= num_presamples, got pef_threshold={self.pef_threshold}, "
                              f"num_presamples={self.num_presamples}")

@@ -25,6 +25,7 @@ from .. import losses
 from .._data import is_stream, read_stream, stream_with_columns
 from .._model import frozen_copy_of_policy, is_peft_model
 from .._offline import refuse_offline_sampling, sampling_options, stored_or_computed, trainer_presample
+from .._validation import reward_func_names
 from ..generation import pack_prompt_completion
 from ..parts import LossTerm, Part, register_part
 from ..presample import PresampleConfig
@@ -33,6 +34,24 @@ from ..presample.stored import check_presampled_columns, check_stored_columns
 from .split import dph_split
 
 PRESAMPLE_COLUMNS = ("ref_rewards", "ref_completion_ids", "ref_completion_logps", "ref_prompt_ids")
+
+
+def correctness_index(names: list[str], wanted: str | None) -> int:
+    """Which of the reward functions ``names`` decides that a reference sample is correct: ``correctness_reward``
+    (``wanted``), else ``accuracy_reward``, else the only one."""
+    if wanted is None:
+        if "accuracy_reward" in names:
+            wanted = "accuracy_reward"
+        elif len(names) == 1:
+            wanted = names[0]
+        else:
+            raise ValueError(f"DPH-RL needs to know which reward decides that a reference sample is correct, "
+                             f"and none of the reward functions {names} is 'accuracy_reward': set "
+                             "correctness_reward to one of them (and correctness_threshold, default 1.0)")
+    if wanted not in names:
+        raise ValueError(f"correctness_reward={wanted!r} is not one of the reward functions {names} (the ones "
+                         "the offline pass scored with): set it to one of them")
+    return names.index(wanted)
 
 
 @register_part
@@ -67,6 +86,10 @@ class Rehearsal(Part):
         options = f"--num_samples {args.num_presamples} --record_completion_logps true"  # what makes the columns
         check_presampled_columns(train_dataset, PRESAMPLE_COLUMNS, trainer_name, options)
         check_stored_columns(train_dataset, trainer_name, options, ["ref_completion_logps"])  # impossible values
+        # which reward decides correctness: known before anything loads (it failed after the whole offline pass)
+        stored = None if is_stream(train_dataset) else presample_metadata(train_dataset)
+        correctness_index((stored or {}).get("reward_funcs") or reward_func_names(kwargs.get("reward_funcs")),
+                          args.correctness_reward)
 
     # ---------------------------------------------------------------------- stage 1: the offline pass, split ---
     def setup(self, trainer) -> None:
@@ -133,24 +156,12 @@ class Rehearsal(Part):
     def _correctness_index(self, trainer, presampled) -> int:
         """Column of ``ref_rewards_per_func`` whose value decides correctness (``correctness_reward``)."""
         metadata = presample_metadata(presampled) or {}
-        names = metadata.get("reward_funcs") or list(trainer.reward_func_names)
-        wanted = self.args.correctness_reward
-        if wanted is None:
-            if "accuracy_reward" in names:
-                wanted = "accuracy_reward"
-            elif len(names) == 1:
-                wanted = names[0]
-            else:
-                raise ValueError(f"DPH-RL needs to know which reward decides that a reference sample is correct, "
-                                 f"and none of the reward functions {names} is 'accuracy_reward': set "
-                                 "correctness_reward to one of them (and correctness_threshold, default 1.0)")
-        if wanted not in names:
-            raise ValueError(f"correctness_reward={wanted!r} is not one of the reward functions {names} (the ones "
-                             "the offline pass scored with): set it to one of them")
+        index = correctness_index(metadata.get("reward_funcs") or list(trainer.reward_func_names),
+                                  self.args.correctness_reward)
         if "ref_rewards_per_func" not in presampled.column_names:
             raise ValueError("the presampled dataset has no 'ref_rewards_per_func' column (it was made by an older "
                              "version): presample it again")
-        return names.index(wanted)
+        return index
 
     def _refinement_rewards(self, trainer, dataset, reward_index: int):
         """One extra reference sample per prompt (Sec. 4.1), scored by the reward that decides correctness; only

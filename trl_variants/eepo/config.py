@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .._validation import check_common
+from .._config_checks import check_common, check_number
 from ..dapo.config import DynamicSamplingConfig
 
 
@@ -93,8 +93,11 @@ class EEPOConfig(DynamicSamplingConfig):
         check_whole_groups(self.per_device_train_batch_size, self.steps_per_generation, self.num_generations)
         if self.entropy_window < 1:
             raise ValueError(f"entropy_window must be >= 1, got {self.entropy_window}")
-        if not self.unlearning_lr > 0:
-            raise ValueError(f"unlearning_lr must be > 0, got {self.unlearning_lr}")
+        check_number(self, "unlearning_lr", low=0, low_open=True, label="(eta)", fix="the learning rate of the "
+                     "unlearning step, 3e-3 in the paper")
+        # the gate opens when the mean entropy (>= 0) falls below it: NaN or <= 0 never opened it, without a word
+        check_number(self, "entropy_threshold", low=0, low_open=True, label="(alpha)", fix="0.3 in the paper; to "
+                     "never unlearn set entropy_gate='never'")
         if not (0.0 <= self.unlearning_eps_low < 1.0 - self.unlearning_eps_high <= 1.0):
             raise ValueError("need 0 <= unlearning_eps_low < 1 - unlearning_eps_high <= 1, got "
                              f"unlearning_eps_low={self.unlearning_eps_low}, unlearning_eps_high={self.unlearning_eps_high}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .._validation import check_common
+from .._config_checks import check_common, check_number
 from ..dapo.config import DynamicSamplingConfig
 
 _INERT_DEFAULTS = {"query_kl_estimator": "k3", "query_weight_source": "policy", "query_weight_max": 2.0}
@@ -80,10 +80,11 @@ class ERPOConfig(DynamicSamplingConfig):
             )
         if self.query_kl_estimator not in ("k3", "k1"):
             raise ValueError(f"query_kl_estimator must be 'k3' or 'k1', got {self.query_kl_estimator!r}")
-        if self.query_kl_coef < 0:
-            raise ValueError(f"query_kl_coef (alpha) must be >= 0, got {self.query_kl_coef}")
-        if self.query_weight_max <= 0:
-            raise ValueError(f"query_weight_max must be > 0, got {self.query_weight_max}")
+        # a NaN passed "< 0" and turned Query-KL off without a word (its part runs only for alpha > 0)
+        check_number(self, "query_kl_coef", low=0, label="(alpha)", fix="0 turns Query-KL off; the paper's alpha is "
+                     "0.01")
+        check_number(self, "query_weight_max", low=0, low_open=True, fix="the upper clip of the reference-derived "
+                     "weights, 2.0 by default")
         if self.reference_batch_size < 1:
             raise ValueError(f"reference_batch_size must be >= 1, got {self.reference_batch_size}")
         # an option that changes nothing in this configuration is refused rather than ignored (set to a non-default)

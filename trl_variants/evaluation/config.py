@@ -3,7 +3,6 @@ options, the backend (transformers or vLLM) and its engine options."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 
 from trl import GRPOConfig
@@ -127,8 +126,10 @@ class EvalConfig:
             raise ValueError(f"vllm_tensor_parallel_size must be >= 1, got {self.vllm_tensor_parallel_size}")
         if not 0 < self.vllm_gpu_memory_utilization <= 1:
             raise ValueError(f"vllm_gpu_memory_utilization must be in (0, 1], got {self.vllm_gpu_memory_utilization}")
-        if isinstance(self.transformers_continuous_batching_config, str):  # a JSON string from the command line
-            self.transformers_continuous_batching_config = json.loads(self.transformers_continuous_batching_config)
+        from ..generation import engine_config
+
+        self.transformers_continuous_batching_config = engine_config(
+            self.transformers_continuous_batching_config, "EvaluationConfig.transformers_continuous_batching_config")
         engine = [k for k, default in self._HF_ENGINE_DEFAULTS.items() if getattr(self, k) != default]
         if engine and self.backend != "hf":
             raise ValueError(f"{', '.join(engine)} are options of transformers generation (backend 'hf'), but "

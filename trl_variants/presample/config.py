@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 
 from .._validation import check_cache_dir
@@ -207,16 +208,16 @@ class PresampleConfig:
                              f"{self.num_samples}")
         if self.record_completion_logps and self.num_samples < 1:
             raise ValueError("record_completion_logps needs num_samples >= 1")
-        if not self.temperature > 0:
-            raise ValueError(f"temperature must be > 0, got {self.temperature}")
+        if not 0 < self.temperature < math.inf:  # a NaN or an infinity fails every comparison but this one
+            raise ValueError(f"temperature must be > 0 and finite, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
+        if not self.top_k >= 0:
             raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
         if not 0 <= self.min_p <= 1:
             raise ValueError(f"min_p must be in [0, 1] (0 = off), got {self.min_p}")
-        if not self.repetition_penalty > 0:
-            raise ValueError(f"repetition_penalty must be > 0 (1 = off), got {self.repetition_penalty}")
+        if not 0 < self.repetition_penalty < math.inf:
+            raise ValueError(f"repetition_penalty must be > 0 and finite (1 = off), got {self.repetition_penalty}")
         for name in ("max_completion_length", "generation_batch_size", "logprob_batch_size", "shard_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -224,10 +225,10 @@ class PresampleConfig:
             raise ValueError(f"backend must be 'hf', 'vllm' or 'auto', got {self.backend!r}")
         if self.use_vllm:
             self.backend = "vllm"
-        if isinstance(self.transformers_continuous_batching_config, str):  # a JSON string from the command line
-            import json
+        from ..generation import engine_config
 
-            self.transformers_continuous_batching_config = json.loads(self.transformers_continuous_batching_config)
+        self.transformers_continuous_batching_config = engine_config(
+            self.transformers_continuous_batching_config, "PresampleConfig.transformers_continuous_batching_config")
         engine_options = [k for k, default in self._HF_ENGINE_DEFAULTS.items() if getattr(self, k) != default]
         if engine_options and self.backend != "hf":
             raise ValueError(f"{', '.join(engine_options)} are options of transformers generation (backend='hf'), but "
