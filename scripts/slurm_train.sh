@@ -9,12 +9,14 @@
 # rendezvous (rank-0 host, port, machine count and rank, process count) taken from the job. Submit from the repo root
 # with the environment (venv) active; sbatch passes it to the nodes:
 #
-#   sbatch --nodes 2 scripts/slurm_train.sh configs/erpo/qwen2.5-math-7b.yaml [training flags...]
-#   VLLM_NODES=1 sbatch --nodes 3 scripts/slurm_train.sh configs/apo/qwen2.5-7B.yaml   # 2 training nodes + 1 vLLM
+#   sbatch --nodes 2 scripts/slurm_train.sh configs/erpo/qwen2.5-math-7b.yaml --hub_model_id <you>/erpo-7b [flags...]
+#   VLLM_NODES=1 sbatch --nodes 3 scripts/slurm_train.sh configs/apo/qwen2.5-7B.yaml --push_to_hub false   # + 1 vLLM
 #   bash scripts/slurm_train.sh --dry_run configs/erpo/qwen2.5-math-7b.yaml           # print the commands only
 #
 # Settings (environment variables):
 #   GPUS_PER_NODE          processes per training node (default: SLURM_GPUS_ON_NODE, else 8)
+#   METHOD                 erpo, eepo, dph or apo (default: the recipe's folder, configs/<method>/ or a copy in
+#                          <dir>/<method>/)
 #   ACCELERATE_CONFIG      default: the multi-node form of the backend the recipe's launch command names
 #                          (zero2.yaml -> configs/accelerate/multi_node_zero2.yaml)
 #   MAIN_PROCESS_PORT      rendezvous port on the first node (default 29500)
@@ -44,9 +46,9 @@ ROOT=${TRL_VARIANTS_ROOT:-${SLURM_SUBMIT_DIR:-$PWD}}   # sbatch runs a copy of t
 cd "$ROOT"
 PYTHON=${PYTHON:-python}
 [[ -f "$RECIPE" ]] || die "recipe $RECIPE not found under $ROOT (submit from the repo root or set TRL_VARIANTS_ROOT)"
-ALGORITHM=$(basename "$(dirname "$RECIPE")")
+ALGORITHM=${METHOD:-$(basename "$(dirname "$RECIPE")")}
 SCRIPT="examples/train_${ALGORITHM}.py"
-[[ -f "$SCRIPT" ]] || die "no $SCRIPT for $RECIPE: a recipe lives in configs/<erpo|eepo|dph|apo>/"
+[[ -f "$SCRIPT" ]] || die "no $SCRIPT for $RECIPE: a recipe lives in a folder named after its method (configs/<erpo|eepo|dph|apo>/, or a copy in <dir>/<method>/), or set METHOD=<erpo|eepo|dph|apo>"
 
 # --- nodes of the allocation ---
 [[ -n "${SLURM_JOB_NODELIST:-}" ]] || die "SLURM_JOB_NODELIST is not set: submit with sbatch (or set it for --dry_run)"
@@ -95,12 +97,32 @@ if header and int(header.group(1)) != processes:
         note = (f"recipe written for {written} processes, launching {processes}: {' '.join(flags)} keeps its batch"
                 if flags else why)
 out["BATCH_NOTE"] = note
+
+
+def given(name):  # the last value of --name on the command line after the recipe, else None
+    values = [a.split("=", 1)[1] if "=" in a else (extra[i + 1] if i + 1 < len(extra) else "")
+              for i, a in enumerate(extra) if a == f"--{name}" or a.startswith(f"--{name}=")]
+    return values[-1] if values else None
+
+
+from trl_variants.training.preflight import is_placeholder_hub_id
+
+push = given("push_to_hub")
+push = bool(raw.get("push_to_hub")) if push is None else push.strip().lower() in ("true", "1", "yes")
+hub = given("hub_model_id") or raw.get("hub_model_id") or ""
+out["HUB_PROBLEM"] = (f"push_to_hub: true with the placeholder hub_model_id {hub!r}: pass --hub_model_id "
+                      f"<you>/{hub.split('/', 1)[-1]} after the recipe, or --push_to_hub false"
+                      if push and is_placeholder_hub_id(hub) else "")
 for key, value in out.items():
     print(f"{key}={shlex.quote(value)}")
 print("BATCH_ARGS=(" + " ".join(shlex.quote(f) for f in flags) + ")")
 EOF
 ) || die "stopped before launching anything (see above)"
 eval "$RECIPE_INFO"
+if [[ -n "$HUB_PROBLEM" ]]; then  # every process would refuse it after the allocation started (and any vLLM server)
+  [[ "$DRY_RUN" == 1 ]] || die "$HUB_PROBLEM"
+  echo "trl-variants: a real job would stop here: $HUB_PROBLEM" >&2
+fi
 
 if [[ -z "${ACCELERATE_CONFIG:-}" ]]; then
   [[ -n "$BACKEND" ]] || die "$RECIPE names no accelerate config in its launch command: set ACCELERATE_CONFIG"

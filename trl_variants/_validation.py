@@ -175,8 +175,8 @@ def check_one_rollout_batch(dataset, args, trainer_name: str, when: str = "") ->
         f"prompts x num_generations {args.num_generations}. TRL's sampler makes no batch from it, so training would "
         "run 0 steps and save the untouched model. Use more prompts (e.g. a larger --dataset_train_split slice), or "
         "a smaller rollout batch: lower per_device_train_batch_size or steps_per_generation (or generation_batch_size "
-        "where you set it), or run on fewer processes (trl-variants train keeps a recipe's global batch on any number "
-        "of processes unless --keep_recipe_batch false)")
+        "where you set it), or run on fewer processes (with trl-variants train or the example scripts also "
+        "--keep_recipe_batch false: a recipe's global batch is kept on any number of processes otherwise)")
 
 
 def check_trained_a_step(trainer, start_step: int) -> None:

@@ -168,6 +168,33 @@ def test_refusals_name_the_problem_before_anything_starts():
     assert no_slurm.returncode != 0 and "SLURM_JOB_NODELIST" in no_slurm.stderr
 
 
+def test_a_placeholder_hub_id_stops_the_job_before_srun_and_the_dry_run_says_so(tmp_path):
+    """The paper recipes push to the placeholder ``your-org/...``: every process refused it after the allocation
+    started (and a vLLM server with it); the script stops before srun, and a dry run says that it would."""
+    recipe = "configs/erpo/qwen2.5-math-7b.yaml"
+    said = dry_run(recipe)
+    assert said.returncode == 0 and "a real job would stop here: push_to_hub: true with the placeholder" in said.stderr
+    assert "--hub_model_id <you>/" in said.stderr
+    for fix in (["--hub_model_id", "me/erpo-7b"], ["--push_to_hub=false"]):
+        assert "would stop" not in dry_run(recipe, *fix).stderr
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    real = subprocess.run(["bash", str(SCRIPT), recipe], capture_output=True, text=True, cwd=ROOT, timeout=60,
+                          env=dict(environment, SLURM_JOB_NODELIST="gpu-a,gpu-b", SLURM_GPUS_ON_NODE="8",
+                                   PYTHON=sys.executable, TRL_VARIANTS_ROOT=str(ROOT), PATH=str(tmp_path)
+                                   + ":" + environment["PATH"]))
+    assert real.returncode != 0 and "slurm_train.sh: push_to_hub: true with the placeholder" in real.stderr
+    assert "trl-variants:" not in real.stdout  # stopped before printing the launch, let alone running srun
+
+
+def test_a_copy_of_a_recipe_outside_a_method_folder_names_its_method_with_method(tmp_path):
+    copy = tmp_path / "mine.yaml"
+    copy.write_text((ROOT / "configs" / "erpo" / "qwen2.5-math-7b.yaml").read_text())
+    unnamed = dry_run(str(copy))
+    assert unnamed.returncode != 0 and "set METHOD=<erpo|eepo|dph|apo>" in unnamed.stderr
+    named = dry_run(str(copy), METHOD="erpo")
+    assert named.returncode == 0 and "examples/train_erpo.py" in named.stdout
+
+
 def test_node_ranges_are_expanded_by_scontrol(tmp_path):
     """A real allocation names its nodes as ranges (``gpu[01-02]``); the launcher expands them with scontrol."""
     fake = tmp_path / "scontrol"

@@ -233,8 +233,8 @@ def check_device_flags(script_args, num_processes: int) -> str | None:
         raise ValueError(f"--use_cpu and --device {script_args.device} disagree: give one")
     if num_processes > 1 and (script_args.device or script_args.use_cpu):
         raise ValueError("--device / --use_cpu pick the device of a single process; under accelerate launch each of "
-                         f"the {num_processes} processes uses its own (launch with `accelerate launch --cpu` for the "
-                         "CPU): drop the flag")
+                         f"the {num_processes} processes uses its own (several CPU processes: accelerate launch --config_file "
+                         "$(trl-variants recipes --path accelerate/multi_cpu); --cpu starts one): drop the flag")
     return "cpu" if script_args.use_cpu else script_args.device
 
 

@@ -34,8 +34,8 @@ def train_usage() -> str:
         "usage: trl-variants train {" + ",".join(METHODS) + "} [--config RECIPE] [--option value ...]",
         "       trl-variants train --list",
         "", COMMAND_HELP["train"], "",
-        "methods: erpo (ERPOTrainer), eepo (EEPOTrainer), dph (DPHTrainer), apo (APOTrainer), grpo (TRL's "
-        "GRPOTrainer, the baseline)",
+        "methods: erpo (ERPOTrainer), eepo (EEPOTrainer), dph (DPHTrainer), apo (APOTrainer), composed "
+        "(ComposedTrainer: the parts you list), grpo (TRL's GRPOTrainer, the baseline)",
         f"--config RECIPE: a YAML file, or a shipped recipe by name (erpo/qwen2.5-math-7b, or qwen2.5-math-7b.yaml); "
         f"default: METHOD/{DEFAULT_RECIPE}, the embedded task on a CPU, offline. Flags override the YAML.",
         "--list: list the shipped recipes (also `trl-variants recipes`).",

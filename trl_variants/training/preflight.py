@@ -36,6 +36,11 @@ def _uses_deepspeed(training_args) -> bool:
     return parse_flag_from_env("ACCELERATE_USE_DEEPSPEED") or bool(getattr(training_args, "deepspeed", None))
 
 
+def is_placeholder_hub_id(hub_id: str | None) -> bool:
+    """A ``hub_model_id`` a shipped recipe holds in place of the user's (``your-org/...``, ``<you>/...``)."""
+    return bool(hub_id) and _PLACEHOLDER_HUB_ID.match(hub_id) is not None
+
+
 def prerequisite_problems(training_args) -> list[str]:
     """What the run needs and this machine lacks, each with its fix: an extra for ``use_vllm``, a DeepSpeed launch
     and each ``report_to`` tracker; the wandb login (unless ``WANDB_MODE`` is offline or disabled); for
@@ -73,7 +78,7 @@ def prerequisite_problems(training_args) -> list[str]:
         from huggingface_hub import constants, get_token
 
         hub_id = training_args.hub_model_id
-        if hub_id and _PLACEHOLDER_HUB_ID.match(hub_id):
+        if is_placeholder_hub_id(hub_id):
             problems.append(f"push_to_hub: true with the placeholder hub_model_id {hub_id!r}: pass --hub_model_id "
                             f"<you>/{hub_id.split('/', 1)[1]} (a repository you may write to), or --push_to_hub false")
         if get_token() is None:
