@@ -146,6 +146,19 @@ def test_presample_split_test_refuses_a_named_dataset_before_loading_it(monkeypa
         cli.main(["presample", "--split", "test", "--dataset_name", "org/data", "--output_dir", str(tmp_path)])
 
 
+def test_presample_push_to_hub_is_checked_before_the_pass(monkeypatch, tmp_path):
+    """The push comes after a pass that may take hours: a placeholder id, no token or no network stop it first."""
+    monkeypatch.setattr(presample_command, "load_datasets", lambda *a, **k: pytest.fail("loaded data before refusing"))
+    monkeypatch.setenv("HF_TOKEN", "")
+    monkeypatch.setattr("huggingface_hub.get_token", lambda: None)
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
+    with pytest.raises(ValueError, match=r"checked before the pass\):\n  - push_to_hub: true with the placeholder "
+                                         r"hub_dataset_id 'your-org/x': pass --hub_dataset_id <you>/x.*\n  - .*hf auth "
+                                         r"login.*\n  - .*HF_HUB_OFFLINE is set"):
+        cli.main(["presample", "--push_to_hub", "true", "--hub_dataset_id", "your-org/x", "--output_dir",
+                  str(tmp_path)])
+
+
 def test_evaluate_refuses_a_reward_model_before_loading_anything(monkeypatch, tmp_path):
     pytest.importorskip("matplotlib", reason="evaluate checks matplotlib first")
     monkeypatch.setattr(evaluate_command, "load_eval_dataset", lambda *a, **k: pytest.fail("data loaded before the refusal"))

@@ -47,8 +47,15 @@ def presample_main(argv: list[str]) -> None:
     parser = Parser((PresampleScriptArguments, PresampleConfig), prog="trl-variants presample",
                        description=COMMAND_HELP["presample"], epilog=CONFIG_HELP)
     script_args, config = parser.parse_args_and_config(args=argv)
-    if script_args.push_to_hub and not script_args.hub_dataset_id:
-        raise ValueError("--push_to_hub needs --hub_dataset_id org/name")
+    if script_args.push_to_hub:  # the push comes after the pass, which may take hours: its needs are checked now
+        from ..training.preflight import hub_push_problems
+
+        if not script_args.hub_dataset_id:
+            raise ValueError("--push_to_hub needs --hub_dataset_id org/name")
+        problems = hub_push_problems(script_args.hub_dataset_id, "hub_dataset_id")
+        if problems:
+            raise ValueError("the presampled dataset could not be pushed (checked before the pass):\n"
+                             + "\n".join(f"  - {p}" for p in problems))
     check_model_reference(script_args.model_name_or_path, "--model_name_or_path")  # before the data and model load
     if config.backend == "vllm":
         from ..presample.vllm_backend import check_vllm_setup

@@ -41,6 +41,24 @@ def is_placeholder_hub_id(hub_id: str | None) -> bool:
     return bool(hub_id) and _PLACEHOLDER_HUB_ID.match(hub_id) is not None
 
 
+def hub_push_problems(repo_id: str | None, field: str) -> list[str]:
+    """What stops a push to the Hub repository ``repo_id`` (the option ``field``), each with its fix: a placeholder
+    id, no token, ``HF_HUB_OFFLINE``. Checked before any work (the push comes after the training or the pass)."""
+    from huggingface_hub import constants, get_token
+
+    problems = []
+    if is_placeholder_hub_id(repo_id):
+        problems.append(f"push_to_hub: true with the placeholder {field} {repo_id!r}: pass --{field} "
+                        f"<you>/{repo_id.split('/', 1)[1]} (a repository you may write to), or --push_to_hub false")
+    if get_token() is None:
+        problems.append("push_to_hub: true needs a Hub token with write access: run `hf auth login` (or set "
+                        "HF_TOKEN), or pass --push_to_hub false")
+    if constants.HF_HUB_OFFLINE:
+        problems.append("push_to_hub: true, but HF_HUB_OFFLINE is set (no network to the Hub): unset it, or pass "
+                        "--push_to_hub false")
+    return problems
+
+
 def prerequisite_problems(training_args) -> list[str]:
     """What the run needs and this machine lacks, each with its fix: an extra for ``use_vllm``, a DeepSpeed launch
     and each ``report_to`` tracker; the wandb login (unless ``WANDB_MODE`` is offline or disabled); for
@@ -75,18 +93,7 @@ def prerequisite_problems(training_args) -> list[str]:
         problems.append("report_to: [wandb] needs a wandb login: run `wandb login` (or set WANDB_API_KEY), or "
                         "WANDB_MODE=offline to log locally for a later `wandb sync`, or pass --report_to none")
     if training_args.push_to_hub:
-        from huggingface_hub import constants, get_token
-
-        hub_id = training_args.hub_model_id
-        if is_placeholder_hub_id(hub_id):
-            problems.append(f"push_to_hub: true with the placeholder hub_model_id {hub_id!r}: pass --hub_model_id "
-                            f"<you>/{hub_id.split('/', 1)[1]} (a repository you may write to), or --push_to_hub false")
-        if get_token() is None:
-            problems.append("push_to_hub: true needs a Hub token with write access: run `hf auth login` (or set "
-                            "HF_TOKEN), or pass --push_to_hub false")
-        if constants.HF_HUB_OFFLINE:
-            problems.append("push_to_hub: true, but HF_HUB_OFFLINE is set (no network to the Hub): unset it, or pass "
-                            "--push_to_hub false")
+        problems += hub_push_problems(training_args.hub_model_id, "hub_model_id")
     cache = getattr(training_args, "presample_cache_dir", None)
     if cache and os.path.exists(cache) and not os.path.isdir(cache):
         problems.append(f"presample_cache_dir: {cache} is a file, not a directory (the offline pass caches its results "
