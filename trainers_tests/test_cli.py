@@ -119,6 +119,51 @@ def test_presample_scores_with_a_reward_model_as_grpo_trainer_does(tmp_path):
     assert "tiny-rm" in (out / "README.md").read_text()
 
 
+@pytest.mark.parametrize("recipe,samples", [("dph/qwen2.5-math-7b", "num_presamples"),
+                                             ("apo/qwen2.5-7B", "num_value_samples")])
+def test_presample_config_of_a_paper_recipe_is_its_trainers_pass(recipe, samples, capsys):
+    """``presample --config <training recipe>``: the dataset the recipe's trainer would make itself (its pass's
+    options, the trainer's sampling and seed, the recipe's model, data and prompt), training-only keys named."""
+    import yaml
+
+    from trl_variants.recipe_catalog import resolve_recipe
+
+    raw = yaml.safe_load(resolve_recipe(recipe).read_text())
+    script_args, config = presample_command.parse_presample_args(["--config", recipe, "--output_dir", "x"])
+    assert config.num_samples == raw[samples] and (config.temperature, config.top_p) == (raw["temperature"],
+                                                                                         raw.get("top_p", 1.0))
+    assert (config.max_completion_length, config.seed, config.generation_batch_size) == (
+        raw["max_completion_length"], raw["seed"], 64)  # 64: the method's presample_generation_batch_size default
+    assert config.record_completion_logps == recipe.startswith("dph") and not config.record_prompt_logp
+    assert (config.value_beta, config.shard_size) == ((raw["value_beta"], 64) if recipe.startswith("apo") else (None, 64))
+    assert config.backend == "vllm"  # the recipe's use_vllm
+    assert (script_args.model_name_or_path, script_args.dataset_name, script_args.output_dir) == (
+        raw["model_name_or_path"], raw["dataset_name"], "x")  # the recipe's output_dir is its model's
+    assert script_args.system_prompt == raw.get("system_prompt") and script_args.prompt_regex == raw.get("prompt_regex")
+    said = capsys.readouterr().out
+    assert "training-only keys ignored: " in said and "learning_rate" in said and samples not in said.split("ignored")[1]
+
+
+def test_presample_config_refuses_a_recipe_without_a_sampling_pass():
+    with pytest.raises(ValueError, match="ERPO's recipe has no sampling pass to presample: ERPO's pass only scores"):
+        presample_command.parse_presample_args(["--config", "erpo/qwen2.5-math-7b"])
+
+
+def test_a_recipes_presampled_dataset_trains_without_a_pass_of_its_own(tmp_path, monkeypatch):
+    """``presample --config dph/tiny_cpu`` then ``train dph --config dph/tiny_cpu --dataset_name <it>``: the trainer
+    takes the stored samples (its own pass would fail the test) and trains."""
+    from trl_variants.dph.part import Rehearsal
+
+    data = tmp_path / "presampled"
+    cli.main(["presample", "--config", "dph/tiny_cpu", "--embedded_train_size", "16", "--output_dir", str(data),
+              "--cache_dir", str(tmp_path / "cache"), "--show_progress", "false", "--torch_threads", "1"])
+    monkeypatch.setattr(Rehearsal, "_run_presample", lambda *a, **k: pytest.fail("the trainer ran its own pass"))
+    cli.main(["train", "dph", "--config", "dph/tiny_cpu", "--dataset_name", str(data), "--max_steps", "1",
+              "--per_device_train_batch_size", "8", "--output_dir", str(tmp_path / "out"), "--save_strategy", "no",
+              "--torch_threads", "1"])
+    assert (tmp_path / "out" / "model.safetensors").is_file()
+
+
 def test_presample_reads_a_dataset_mixture_and_names_it_on_the_card(tmp_path):
     from datasets import load_from_disk
 

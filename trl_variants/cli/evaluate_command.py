@@ -11,9 +11,8 @@ from dataclasses import dataclass, field
 from .._validation import check_model_reference
 from ..data import DataScriptArguments, load_eval_dataset, load_reward_funcs
 from ..training.model_options import MODEL_SHORTHANDS, model_path
-from .errors import UsageError
 from .help import COMMAND_HELP, EVALUATE_CONFIG_HELP
-from .parser import Parser
+from .parser import Parser, parse_with_recipe, training_keys
 from .presample_command import end_processes, prompt_length_tokenizer
 
 
@@ -91,19 +90,6 @@ _DATASET_KEYS = ("dataset_name", "datasets", "dataset_config", "prompt_regex", "
                  "filter_prompt_length")
 
 
-def _training_keys() -> set[str]:
-    """Every option a training recipe may hold: the script arguments, ModelConfig and each method's config."""
-    from dataclasses import fields
-
-    from trl import ModelConfig
-
-    from ..registry import REGISTRY, method_classes
-    from ..training.arguments import TrainScriptArguments
-
-    classes = [TrainScriptArguments, ModelConfig] + [method_classes(m)[1] for m in REGISTRY]
-    return {f.name for cls in classes for f in fields(cls)}
-
-
 def _given(argv: list[str], *flags: str) -> bool:
     return any(a == f or a.startswith(f + "=") for a in argv for f in flags)
 
@@ -122,7 +108,7 @@ def recipe_for_evaluation(recipe: dict, argv: list[str]) -> tuple[dict, list[str
     from ..evaluation import EvalConfig
 
     known = {f.name for cls in (EvaluateScriptArguments, EvalConfig) for f in fields(cls)}
-    training = _training_keys()
+    training = training_keys()
     options, ignored, notes = {}, [], []
     for key, value in recipe.items():
         if key == "model_name_or_path":
@@ -151,52 +137,25 @@ def parse_evaluate_args(argv: list[str]):
     :func:`~trl_variants.recipe_catalog.resolve_recipe`) read by :func:`recipe_for_evaluation`, which prints what
     it ignored. Flags override the YAML."""
     import os
-    import tempfile
-
-    import yaml
 
     from ..evaluation import EvalConfig
-    from ..recipe_catalog import recipe_name, resolve_recipe
+    from ..recipe_catalog import recipe_name
 
     parser = Parser((EvaluateScriptArguments, EvalConfig), prog="trl-variants evaluate",
                        description=COMMAND_HELP["evaluate"], epilog=EVALUATE_CONFIG_HELP)
-    argv = list(argv)
-    for i, arg in enumerate(argv):
-        if arg.startswith("--config="):
-            argv[i:i + 1] = ["--config", arg.split("=", 1)[1]]
-            break
-    if "--config" not in argv:
-        return parser.parse_args_and_config(args=argv)
-    i = argv.index("--config")
-    if i + 1 >= len(argv):
-        raise ValueError("--config needs a value: an evaluate YAML, a training recipe's path or a shipped recipe's "
-                         "name (`trl-variants recipes`)")
-    value = argv[i + 1]
-    try:
-        path = resolve_recipe(value)
-    except (FileNotFoundError, ValueError) as e:
-        raise UsageError(f"--config {e}") from None
-    try:
-        recipe = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise ValueError(f"--config {value}: not valid YAML ({' '.join(str(e).split())}): fix the file (a mapping, "
-                         "one `option: value` per line)") from None
-    rest = argv[:i] + argv[i + 2:]
-    if not isinstance(recipe, dict):
-        return parser.parse_args_and_config(args=["--config", str(path), *rest])
-    options, ignored, notes = recipe_for_evaluation(recipe, rest)
-    if os.environ.get("RANK", "0") == "0":
-        shipped = f" (the shipped recipe {recipe_name(path)})" if str(path) != value else ""
-        if ignored:
-            print(f"--config {value}{shipped}: a training recipe; its model, data, prompt, reward and sampling "
-                  f"settings are used, its training-only keys ignored: {', '.join(ignored)}", flush=True)
-        for note in notes:
-            print(f"--config {value}: {note}", flush=True)
-    with tempfile.TemporaryDirectory() as tmp:
-        mapped = os.path.join(tmp, "evaluate.yaml")
-        with open(mapped, "w") as f:
-            yaml.safe_dump(options, f)
-        return parser.parse_args_and_config(args=["--config", mapped, *rest])
+
+    def to_options(recipe, path, value, rest):
+        options, ignored, notes = recipe_for_evaluation(recipe, rest)
+        if os.environ.get("RANK", "0") == "0":
+            shipped = f" (the shipped recipe {recipe_name(path)})" if str(path) != value else ""
+            if ignored:
+                print(f"--config {value}{shipped}: a training recipe; its model, data, prompt, reward and sampling "
+                      f"settings are used, its training-only keys ignored: {', '.join(ignored)}", flush=True)
+            for note in notes:
+                print(f"--config {value}: {note}", flush=True)
+        return options
+
+    return parse_with_recipe(parser, argv, "evaluate", to_options)
 
 
 def check_correctness_flags(script_args) -> str:

@@ -56,3 +56,61 @@ class Parser(TrlParser):
                 raise ValueError(self.unknown_flags_message(unknown))
         return super().parse_args_into_dataclasses(args=args, return_remaining_strings=return_remaining_strings,
                                                    **kwargs)
+
+
+def training_keys() -> set[str]:
+    """Every option a training recipe may hold: the script arguments, ModelConfig and each method's config."""
+    from dataclasses import fields
+
+    from trl import ModelConfig
+
+    from ..registry import REGISTRY, method_classes
+    from ..training.arguments import TrainScriptArguments
+
+    classes = [TrainScriptArguments, ModelConfig] + [method_classes(m)[1] for m in REGISTRY]
+    return {f.name for cls in classes for f in fields(cls)}
+
+
+def parse_with_recipe(parser: Parser, argv: list[str], command: str, to_options) -> tuple:
+    """``parser``'s dataclasses from ``argv``, where ``--config`` may name a training recipe (a path or a shipped
+    recipe's name, :func:`~trl_variants.recipe_catalog.resolve_recipe`): ``to_options(recipe, path, rest)`` turns
+    its keys into this command's options (``rest``: the other flags, which override them). A YAML that is not a
+    mapping goes to the parser as it is. ``command`` names the command in the errors."""
+    import os
+    import tempfile
+
+    import yaml
+
+    from ..recipe_catalog import resolve_recipe
+    from .errors import UsageError
+
+    argv = list(argv)
+    for i, arg in enumerate(argv):
+        if arg.startswith("--config="):
+            argv[i:i + 1] = ["--config", arg.split("=", 1)[1]]
+            break
+    if "--config" not in argv:
+        return parser.parse_args_and_config(args=argv)
+    i = argv.index("--config")
+    if i + 1 >= len(argv):
+        raise ValueError(f"--config needs a value: a YAML of {command}'s options, a training recipe's path or a shipped recipe's "
+                         "name (`trl-variants recipes`)")
+    value = argv[i + 1]
+    try:
+        path = resolve_recipe(value)
+    except (FileNotFoundError, ValueError) as e:
+        raise UsageError(f"--config {e}") from None
+    try:
+        recipe = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise ValueError(f"--config {value}: not valid YAML ({' '.join(str(e).split())}): fix the file (a mapping, "
+                         "one `option: value` per line)") from None
+    rest = argv[:i] + argv[i + 2:]
+    if not isinstance(recipe, dict):
+        return parser.parse_args_and_config(args=["--config", str(path), *rest])
+    options = to_options(recipe, path, value, rest)
+    with tempfile.TemporaryDirectory() as tmp:
+        mapped = os.path.join(tmp, f"{command}.yaml")
+        with open(mapped, "w") as f:
+            yaml.safe_dump(options, f)
+        return parser.parse_args_and_config(args=["--config", mapped, *rest])

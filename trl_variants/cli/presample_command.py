@@ -9,7 +9,7 @@ from types import SimpleNamespace
 from .._validation import check_model_reference
 from ..data import DataScriptArguments, load_datasets, load_eval_dataset, load_reward_funcs, uses_embedded
 from .help import COMMAND_HELP, CONFIG_HELP
-from .parser import Parser
+from .parser import Parser, parse_with_recipe, training_keys
 
 
 @dataclass
@@ -29,6 +29,114 @@ class PresampleScriptArguments(DataScriptArguments):
     )
 
 
+# a training recipe's keys that mean something else in the pass (the trainer's batch; its colocated engine's share)
+_TRAINING_MEANING = ("output_dir", "generation_batch_size", "vllm_gpu_memory_utilization", "push_to_hub")
+# what the trainer samples with, as its offline pass takes it (_offline.sampling_options): default values included
+_CONSUMED = ("num_presamples", "num_value_samples", "presample_generation_batch_size", "presample_shard_size",
+             "presample_cache_dir")
+_SAMPLING = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_completion_length",
+             "generation_kwargs", "chat_template_kwargs", "seed")
+
+
+def recipe_method(recipe: dict, path) -> str:
+    """The method a training recipe trains: its folder (``configs/<method>/``), else its method-only keys."""
+    from pathlib import Path
+
+    from ..registry import REGISTRY
+
+    folder = Path(path).parent.name
+    if folder in REGISTRY:
+        return folder
+    found = [m for m, key in (("dph", "num_presamples"), ("apo", "num_value_samples")) if key in recipe]
+    if len(found) != 1:
+        raise ValueError(f"--config {path}: which method's pass? The recipe is not in a method's folder "
+                         "(configs/<method>/) and sets neither num_presamples (DPH-RL) nor num_value_samples (A*-PO): "
+                         "pass --num_samples and the sampling options yourself, or keep the copy in a folder named "
+                         "dph/ or apo/")
+    return found[0]
+
+
+def recipe_for_presample(recipe: dict, method: str) -> tuple[dict, list[str]]:
+    """``(options, ignored keys)``: a training recipe as the ``trl-variants presample`` options that make the
+    dataset its trainer's offline pass would make (and that the trainer then uses as it is): DPH-RL's k samples per
+    prompt with their log-probs (``num_presamples``), A*-PO's N samples and V_hat (``num_value_samples``,
+    ``value_beta``, ``presample_shard_size``), with the recipe's model, data, prompt and reward, and the trainer's
+    sampling options and seed (the method's defaults where the recipe sets none, as the trainer samples).
+    Training-only keys are ignored (returned); a key neither command knows is kept, so the parser refuses it."""
+    from dataclasses import MISSING, fields
+
+    from ..presample import PresampleConfig
+    from ..registry import method_classes
+    from .parser import training_keys
+
+    if method not in ("dph", "apo"):
+        raise ValueError(f"--config: {method_classes(method)[0]._name}'s recipe has no sampling pass to presample: "
+                         + ("EEPO has no offline pass" if method == "eepo" else "ERPO's pass only scores each prompt "
+                            "(l_ref(s)), which its trainer does before training in one forward per batch")
+                         + ". Presampling is for DPH-RL's and A*-PO's recipes")
+    defaults = {f.name: f.default for f in fields(method_classes(method)[1]) if f.default is not MISSING}
+
+    def value(key):
+        return recipe.get(key, defaults.get(key))
+
+    options = {"record_prompt_logp": False, "generation_batch_size": value("presample_generation_batch_size"),
+               **{key: value(key) for key in _SAMPLING}}
+    options["top_k"], options["min_p"] = options["top_k"] or 0, options["min_p"] or 0.0  # TRL's None: off
+    if method == "dph":
+        options.update(num_samples=value("num_presamples"), record_completion_logps=True)
+    else:
+        options.update(num_samples=value("num_value_samples"), value_beta=value("value_beta"),
+                       shard_size=value("presample_shard_size"))
+    if recipe.get("presample_cache_dir"):
+        options["cache_dir"] = recipe["presample_cache_dir"]
+    known = {f.name for cls in (PresampleScriptArguments, PresampleConfig) for f in fields(cls)}
+    training, ignored = training_keys(), []
+    for key, val in recipe.items():
+        if key in options or key in _CONSUMED:
+            continue
+        if key in _TRAINING_MEANING or (key not in known and key in training):
+            ignored.append(key)
+        else:
+            options[key] = val
+    return {k: v for k, v in options.items() if v is not None}, ignored
+
+
+def parse_presample_args(argv: list[str]):
+    """``(script_args, config)`` of ``trl-variants presample``; ``--config`` may name a DPH-RL or A*-PO training
+    recipe (:func:`recipe_for_presample`; it prints what it ignored). Flags override it."""
+    import os
+
+    from ..presample import PresampleConfig
+    from ..recipe_catalog import recipe_name
+    from ..registry import method_classes
+
+    parser = Parser((PresampleScriptArguments, PresampleConfig), prog="trl-variants presample",
+                    description=COMMAND_HELP["presample"], epilog=CONFIG_HELP)
+
+    def to_options(recipe, path, value, rest):
+        if not any(key in recipe for key in training_keys() - _presample_keys()):
+            return recipe  # a YAML of presample's own options
+        method = recipe_method(recipe, path)
+        options, ignored = recipe_for_presample(recipe, method)
+        if os.environ.get("RANK", "0") == "0":
+            shipped = f" (the shipped recipe {recipe_name(path)})" if str(path) != value else ""
+            print(f"--config {value}{shipped}: a training recipe of {method_classes(method)[0]._name}; presampling "
+                  f"what its trainer's offline pass would ({options['num_samples']} samples per prompt, its model, data, prompt, reward, sampling and "
+                  f"seed), its training-only keys ignored: {', '.join(ignored)}. Train on the result with "
+                  f"--config {value} --dataset_name <output_dir>", flush=True)
+        return options
+
+    return parse_with_recipe(parser, argv, "presample", to_options)
+
+
+def _presample_keys() -> set[str]:
+    from dataclasses import fields
+
+    from ..presample import PresampleConfig
+
+    return {f.name for cls in (PresampleScriptArguments, PresampleConfig) for f in fields(cls)}
+
+
 def end_processes(state) -> None:
     """Several processes: wait for all of them, then destroy the process group, as ``trl-variants train`` does
     (``Accelerator.end_training``). Gloo's worker threads otherwise can outlive the interpreter and abort the process at
@@ -42,11 +150,9 @@ def presample_main(argv: list[str]) -> None:
     from accelerate import PartialState
 
     from ..default import DEFAULT_MODEL_PATH
-    from ..presample import PresampleConfig, presample
+    from ..presample import presample
 
-    parser = Parser((PresampleScriptArguments, PresampleConfig), prog="trl-variants presample",
-                       description=COMMAND_HELP["presample"], epilog=CONFIG_HELP)
-    script_args, config = parser.parse_args_and_config(args=argv)
+    script_args, config = parse_presample_args(argv)
     if script_args.push_to_hub:  # the push comes after the pass, which may take hours: its needs are checked now
         from ..training.preflight import hub_push_problems
 
