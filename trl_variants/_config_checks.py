@@ -57,6 +57,19 @@ def check_number(config, field: str, *, low: float | None = None, high: float | 
     raise ValueError(f"{type(config).__name__}.{name} must be {want} and finite, got {value!r}: {fix}")
 
 
+def refuse_inert(config, why: dict[str, str]) -> None:
+    """``why``: the fields that change nothing given the others, each with the reason and the fix. Those set to
+    anything but their default are refused, all named in one message (ERPO's rule, ``ERPOConfig._check_erpo_options``,
+    for every config): an option that would be ignored without a word."""
+    import dataclasses
+
+    defaults = {f.name: f.default for f in dataclasses.fields(config)}
+    unused = [f"{name}={getattr(config, name)!r} {text}" for name, text in why.items()
+              if getattr(config, name) != defaults[name]]
+    if unused:
+        raise ValueError(f"{type(config).__name__}: " + "; ".join(unused))
+
+
 def _check_batch_fields(config, bad) -> None:
     """Batch sizes below 1 passed GRPOConfig's divisibility checks (0 % G == 0) and failed inside ``train()`` (the
     sampler's "batch_size should be a positive integer"), or in A*-PO's ``__init__`` with a ZeroDivisionError."""

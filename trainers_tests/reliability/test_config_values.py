@@ -149,3 +149,26 @@ def test_presample_sampling_options_must_be_finite(field, value):
 def test_an_engine_config_that_is_not_a_json_object_names_the_field(value, why):
     with pytest.raises(ValueError, match=rf"transformers_continuous_batching_config .*{why}"):
         PresampleConfig(use_transformers_continuous_batching=True, transformers_continuous_batching_config=value)
+
+
+# ------------------------------------------------------------------------ options that change nothing ---
+@pytest.mark.parametrize("config_cls,options,says", [
+    (DPHConfig, dict(divergence="js", divergence_alpha=0.5), "divergence_alpha=0.5 is read only by divergence='alpha'"),
+    (EEPOConfig, dict(entropy_gate="always", entropy_window=5), "entropy_window=5 is read only by entropy_gate='auto'"),
+    (EEPOConfig, dict(entropy_gate="never", unlearning_lr=0.01, entropy_threshold=0.5),
+     "entropy_threshold=0.5 is read only by entropy_gate='auto'.*; unlearning_lr=0.01 does nothing with "
+     "entropy_gate='never'"),
+    (APOConfig, dict(lazy_value_pass=False, lazy_value_chunk_size=8), "lazy_value_chunk_size=8 does nothing with "
+                                                                      "lazy_value_pass=False"),
+    (ERPOConfig, dict(dynamic_sampling_max_rounds=5), "dynamic_sampling_max_rounds=5 does nothing without "
+                                                      "dynamic_sampling=True"),
+])
+def test_an_option_that_would_change_nothing_is_refused_naming_it(config_cls, options, says, tmp_path):
+    """ERPO's rule for every config: an option set where what reads it is off would be ignored without a word."""
+    with pytest.raises(ValueError, match=says):
+        _config(config_cls, tmp_path, **options)
+    where_it_acts = {DPHConfig: dict(divergence="alpha", divergence_alpha=0.5),
+                     EEPOConfig: dict(entropy_gate="auto", entropy_window=5, unlearning_lr=0.01),
+                     APOConfig: dict(lazy_value_pass=None, lazy_value_chunk_size=8),
+                     ERPOConfig: dict(dynamic_sampling=True, dynamic_sampling_max_rounds=5)}[config_cls]
+    _config(config_cls, tmp_path, **where_it_acts)

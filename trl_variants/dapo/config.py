@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .._config_checks import refuse_inert
 from .._numerics import GuardedConfig
 
 
@@ -37,3 +38,6 @@ class DynamicSamplingConfig(GuardedConfig):
         super().__post_init__()
         if self.dynamic_sampling_max_rounds < 1:
             raise ValueError(f"dynamic_sampling_max_rounds must be >= 1, got {self.dynamic_sampling_max_rounds}")
+        if not self.dynamic_sampling:
+            refuse_inert(self, {"dynamic_sampling_max_rounds": "does nothing without dynamic_sampling=True: set "
+                                                               "dynamic_sampling=True or drop it"})

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .._config_checks import check_common, check_number
+from .._config_checks import check_common, check_number, refuse_inert
 from .._validation import check_cache_dir
 from ..dapo.config import DynamicSamplingConfig
 from ..losses import DIVERGENCES
@@ -113,6 +113,9 @@ class DPHConfig(DynamicSamplingConfig):
             if self.divergence_alpha in (0.0, 1.0):
                 raise ValueError("divergence_alpha must not be 0 or 1 (those limits are the KL divergences: "
                                  "divergence='reverse_kl' and 'forward_kl')")
+        else:
+            refuse_inert(self, {"divergence_alpha": f"is read only by divergence='alpha' (this is "
+                                                    f"{self.divergence!r}): set divergence='alpha' or drop it"})
         if self.loss_combination not in ("sum", "count_weighted"):
             raise ValueError(f"loss_combination must be 'sum' or 'count_weighted', got {self.loss_combination!r}")
         check_number(self, "dph_coef", low=0, label="(eta)", fix="it weighs the D_pef divergence; 0.2 in the paper")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .._config_checks import check_common, check_number
+from .._config_checks import check_common, check_number, refuse_inert
 from ..dapo.config import DynamicSamplingConfig
 
 
@@ -101,6 +101,15 @@ class EEPOConfig(DynamicSamplingConfig):
         if not (0.0 <= self.unlearning_eps_low < 1.0 - self.unlearning_eps_high <= 1.0):
             raise ValueError("need 0 <= unlearning_eps_low < 1 - unlearning_eps_high <= 1, got "
                              f"unlearning_eps_low={self.unlearning_eps_low}, unlearning_eps_high={self.unlearning_eps_high}")
+        inert = {}  # an option that changes nothing given the gate: refused rather than ignored (set to a non-default)
+        if self.entropy_gate != "auto":
+            inert.update({name: f"is read only by entropy_gate='auto' (the gate; this is {self.entropy_gate!r}): set "
+                                "entropy_gate='auto' or drop it" for name in ("entropy_threshold", "entropy_window")})
+        if self.entropy_gate == "never":
+            inert.update({name: "does nothing with entropy_gate='never' (no unlearning step: GRPO): set entropy_gate "
+                                "to 'auto' or 'always', or drop it"
+                          for name in ("unlearning_lr", "unlearning_eps_low", "unlearning_eps_high")})
+        refuse_inert(self, inert)
         if self.capture_stage2_logps and (self.use_vllm or self.use_transformers_continuous_batching):
             engine = "use_vllm" if self.use_vllm else "use_transformers_continuous_batching"
             raise ValueError(f"capture_stage2_logps=True with {engine}: that engine does not run the trainer's module, "
