@@ -494,7 +494,9 @@ def trl_cannot_run(behaviour: str) -> str | None:
     version = Version(transformers.__version__)
     if behaviour.startswith("environment_factory") and version < Version("5.2"):
         return f"TRL 1.16's environment_factory needs transformers >= 5.2 (this is {version})"
-    if behaviour.startswith("tools") and version < Version("5.13") and importlib.util.find_spec("jmespath") is None:
+    # an environment's methods are tools to TRL (found under transformers 5.10: TRL's jmespath ImportError)
+    if behaviour.startswith(("tools", "environment_factory")) and version < Version("5.13") \
+            and importlib.util.find_spec("jmespath") is None:
         return f"TRL 1.16's tool calling needs transformers >= 5.13 or the jmespath package (this is {version})"
     return None
 

@@ -352,7 +352,8 @@ def _generated_tokens(results: dict, requests: list[list[int]]) -> list[list[int
     outputs = list(results.values())
     failed = [o.error for o in outputs if o.error is not None]
     if len(outputs) != len(requests) or failed:
-        hint = f": {failed[0]}" if failed else ""
+        # a failed request: its error; a missing one (transformers 5.10 drops it, 5.17 and 5.24 return its error)
+        hint = f": {failed[0]}" if failed else " (the engine dropped the others; ContinuousBatchingLogger logged why)"
         raise RuntimeError(f"transformers' continuous batching returned {len(outputs) - len(failed)} of "
                            f"{len(requests)} completions{hint}. {CACHE_TOO_SMALL}")
     if any(list(o.prompt_ids) != r for o, r in zip(outputs, requests, strict=True)):

@@ -127,7 +127,9 @@ def test_refused_by_name_before_anything_loads(tiny_model, tiny_tokenizer):
         generate_completions(tiny_model, tiny_tokenizer, [[1, 2]], 1, max_new_tokens=2, repetition_penalty=1.1,
                              continuous_batching=True)
     # a request the engine cannot schedule (the cache holds fewer tokens than one request) is raised, not dropped
-    with pytest.raises(RuntimeError, match="returned 0 of 2 completions: No requests can be scheduled"):
+    # (transformers 5.10 drops the request instead of returning its error; 5.17 and 5.24 return it)
+    with pytest.raises(RuntimeError, match=r"returned 0 of 2 completions(: No requests can be scheduled| \(the engine "
+                                           r"dropped the others; ContinuousBatchingLogger logged why\))"):
         generate_completions(tiny_model, tiny_tokenizer, [[1, 2, 3, 4, 5]], 2, max_new_tokens=8,
                              continuous_batching=True, continuous_batching_config={"num_blocks": 1, PAGE: 4})
 

@@ -158,8 +158,6 @@ def test_an_engine_config_that_is_not_a_json_object_names_the_field(value, why):
     (EEPOConfig, dict(entropy_gate="never", unlearning_lr=0.01, entropy_threshold=0.5),
      "entropy_threshold=0.5 is read only by entropy_gate='auto'.*; unlearning_lr=0.01 does nothing with "
      "entropy_gate='never'"),
-    (APOConfig, dict(lazy_value_pass=False, lazy_value_chunk_size=8), "lazy_value_chunk_size=8 does nothing with "
-                                                                      "lazy_value_pass=False"),
     (ERPOConfig, dict(dynamic_sampling_max_rounds=5), "dynamic_sampling_max_rounds=5 does nothing without "
                                                       "dynamic_sampling=True"),
 ])
@@ -169,6 +167,5 @@ def test_an_option_that_would_change_nothing_is_refused_naming_it(config_cls, op
         _config(config_cls, tmp_path, **options)
     where_it_acts = {DPHConfig: dict(divergence="alpha", divergence_alpha=0.5),
                      EEPOConfig: dict(entropy_gate="auto", entropy_window=5, unlearning_lr=0.01),
-                     APOConfig: dict(lazy_value_pass=None, lazy_value_chunk_size=8),
                      ERPOConfig: dict(dynamic_sampling=True, dynamic_sampling_max_rounds=5)}[config_cls]
     _config(config_cls, tmp_path, **where_it_acts)

@@ -6,7 +6,7 @@ from dataclasses import MISSING, dataclass, field, fields
 
 from trl import GRPOConfig
 
-from .._config_checks import check_common, check_number, refuse_inert
+from .._config_checks import check_common, check_number
 from .._numerics import GuardedConfig
 from .._validation import check_cache_dir
 
@@ -171,10 +171,6 @@ class APOConfig(GuardedConfig):
             raise ValueError(f"presample_shard_size must be >= 1, got {self.presample_shard_size}")
         if self.lazy_value_chunk_size < 1:
             raise ValueError(f"lazy_value_chunk_size must be >= 1, got {self.lazy_value_chunk_size}")
-        if self.lazy_value_pass is False:
-            refuse_inert(self, {"lazy_value_chunk_size": "does nothing with lazy_value_pass=False (the full pass values "
-                                                         "every prompt before training): drop it, or leave "
-                                                         "lazy_value_pass unset"})
         if self.lazy_value_pass and self.filter_all_incorrect:
             raise ValueError("lazy_value_pass with filter_all_incorrect: dropping the all-wrong prompts changes the "
                              "dataset the sampler orders, so it needs every value before training. Use one of them")

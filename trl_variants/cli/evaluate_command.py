@@ -10,9 +10,10 @@ from dataclasses import dataclass, field
 
 from .._validation import check_model_reference
 from ..data import DataScriptArguments, load_eval_dataset, load_reward_funcs
+from ..training.arguments import training_keys
 from ..training.model_options import MODEL_SHORTHANDS, model_path
 from .help import COMMAND_HELP, EVALUATE_CONFIG_HELP
-from .parser import Parser, parse_with_recipe, training_keys
+from .parser import Parser, parse_with_recipe
 from .presample_command import end_processes, prompt_length_tokenizer
 
 

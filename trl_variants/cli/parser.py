@@ -58,19 +58,6 @@ class Parser(TrlParser):
                                                    **kwargs)
 
 
-def training_keys() -> set[str]:
-    """Every option a training recipe may hold: the script arguments, ModelConfig and each method's config."""
-    from dataclasses import fields
-
-    from trl import ModelConfig
-
-    from ..registry import REGISTRY, method_classes
-    from ..training.arguments import TrainScriptArguments
-
-    classes = [TrainScriptArguments, ModelConfig] + [method_classes(m)[1] for m in REGISTRY]
-    return {f.name for cls in classes for f in fields(cls)}
-
-
 def parse_with_recipe(parser: Parser, argv: list[str], command: str, to_options) -> tuple:
     """``parser``'s dataclasses from ``argv``, where ``--config`` may name a training recipe (a path or a shipped
     recipe's name, :func:`~trl_variants.recipe_catalog.resolve_recipe`): ``to_options(recipe, path, rest)`` turns

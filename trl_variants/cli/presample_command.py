@@ -8,8 +8,9 @@ from types import SimpleNamespace
 
 from .._validation import check_model_reference
 from ..data import DataScriptArguments, load_datasets, load_eval_dataset, load_reward_funcs, uses_embedded
+from ..training.arguments import training_keys
 from .help import COMMAND_HELP, CONFIG_HELP
-from .parser import Parser, parse_with_recipe, training_keys
+from .parser import Parser, parse_with_recipe
 
 
 @dataclass
@@ -67,7 +68,6 @@ def recipe_for_presample(recipe: dict, method: str) -> tuple[dict, list[str]]:
 
     from ..presample import PresampleConfig
     from ..registry import method_classes
-    from .parser import training_keys
 
     if method not in ("dph", "apo"):
         raise ValueError(f"--config: {method_classes(method)[0]._name}'s recipe has no sampling pass to presample: "

@@ -182,3 +182,14 @@ def check_heldout_flags(script_args: TrainScriptArguments, origin: str = "comman
         raise ValueError(f"--heldout_eval_steps {steps} (command line) {why}: drop --heldout_eval_steps and "
                          f"{own_split}")
 
+
+def training_keys() -> set[str]:
+    """Every option a training recipe may hold: the script arguments, ModelConfig and each method's config."""
+    from dataclasses import fields
+
+    from trl import ModelConfig
+
+    from ..registry import REGISTRY, method_classes
+
+    classes = [TrainScriptArguments, ModelConfig] + [method_classes(m)[1] for m in REGISTRY]
+    return {f.name for cls in classes for f in fields(cls)}
