@@ -135,21 +135,22 @@ class APOConfig(GuardedConfig):
         generation batch, so that no error names a group size nobody set (a stand-in of 2 failed an odd batch with
         "divisible by num_generations (2)"): the batch itself where it is given, else one process's rows
         (``per_device_train_batch_size x steps_per_generation``; GRPOConfig multiplies them by the processes)."""
-        if self.generation_batch_size is not None:
-            return max(2, self.generation_batch_size)  # GRPOConfig names a batch it cannot split itself
+        if self.generation_batch_size is not None and self.generation_batch_size >= 2:
+            return self.generation_batch_size  # GRPOConfig names a batch that its processes cannot split itself
         steps = self.steps_per_generation or self.gradient_accumulation_steps
         rows = self.per_device_train_batch_size * steps
-        if rows >= 2:
+        if rows >= 2 and self.generation_batch_size is None:
             return rows
         from accelerate.utils import get_int_from_env
 
         processes = get_int_from_env(["WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE"], 1)
-        if processes * rows < 2:
+        if self.generation_batch_size is not None or processes * rows < 2:
             raise ValueError(
-                f"APOConfig: A*-PO's generation batch is {processes * rows} row (per_device_train_batch_size "
-                f"{self.per_device_train_batch_size} x {processes} process x steps_per_generation {steps}), and "
-                "GRPOConfig, which APOConfig extends, needs at least 2: raise per_device_train_batch_size, "
-                "gradient_accumulation_steps or steps_per_generation")
+                f"APOConfig: A*-PO's generation batch is 1 row (generation_batch_size {self.generation_batch_size}, "
+                f"or per_device_train_batch_size {self.per_device_train_batch_size} x {processes} process x "
+                f"steps_per_generation {steps}), and GRPOConfig, which APOConfig extends, needs at least 2: raise "
+                "per_device_train_batch_size, gradient_accumulation_steps or steps_per_generation (or "
+                "generation_batch_size where you set it)")
         return processes * rows
 
     def __post_init__(self):

@@ -32,9 +32,10 @@ class PresampleScriptArguments(DataScriptArguments):
 
 # a training recipe's keys that mean something else in the pass (the trainer's batch; its colocated engine's share)
 _TRAINING_MEANING = ("output_dir", "generation_batch_size", "vllm_gpu_memory_utilization", "push_to_hub")
-# what the trainer samples with, as its offline pass takes it (_offline.sampling_options): default values included
+# the method's fields that become the pass's own options (other names)
 _CONSUMED = ("num_presamples", "num_value_samples", "presample_generation_batch_size", "presample_shard_size",
              "presample_cache_dir")
+# what the trainer samples with, as its offline pass takes it (_offline.sampling_options): default values included
 _SAMPLING = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_completion_length",
              "generation_kwargs", "chat_template_kwargs", "seed")
 
@@ -121,9 +122,9 @@ def parse_presample_args(argv: list[str]):
         if os.environ.get("RANK", "0") == "0":
             shipped = f" (the shipped recipe {recipe_name(path)})" if str(path) != value else ""
             print(f"--config {value}{shipped}: a training recipe of {method_classes(method)[0]._name}; presampling "
-                  f"what its trainer's offline pass would ({options['num_samples']} samples per prompt, its model, data, prompt, reward, sampling and "
-                  f"seed), its training-only keys ignored: {', '.join(ignored)}. Train on the result with "
-                  f"--config {value} --dataset_name <output_dir>", flush=True)
+                  f"what its trainer's offline pass would ({options['num_samples']} samples per prompt, its model, "
+                  f"data, prompt, reward, sampling and seed), its training-only keys ignored: {', '.join(ignored)}. "
+                  f"Train on the result with --config {value} --dataset_name <output_dir>", flush=True)
         return options
 
     return parse_with_recipe(parser, argv, "presample", to_options)
