@@ -99,20 +99,24 @@ if header and int(header.group(1)) != processes:
 out["BATCH_NOTE"] = note
 
 
-def given(name):  # the last value of --name on the command line after the recipe, else None
-    values = [a.split("=", 1)[1] if "=" in a else (extra[i + 1] if i + 1 < len(extra) else "")
-              for i, a in enumerate(extra) if a == f"--{name}" or a.startswith(f"--{name}=")]
+def given(name):  # the last value of --name (or --na-me) after the recipe; a bare boolean flag is "true"; else None
+    values = []
+    for i, a in enumerate(extra):
+        flag, eq, value = a.partition("=")
+        if flag.startswith("--") and flag[2:].replace("-", "_") == name:
+            bare = i + 1 >= len(extra) or extra[i + 1].startswith("--")
+            values.append(value if eq else ("true" if bare else extra[i + 1]))
     return values[-1] if values else None
 
-
-from trl_variants.training.preflight import is_placeholder_hub_id
 
 push = given("push_to_hub")
 push = bool(raw.get("push_to_hub")) if push is None else push.strip().lower() in ("true", "1", "yes")
 hub = given("hub_model_id") or raw.get("hub_model_id") or ""
-out["HUB_PROBLEM"] = (f"push_to_hub: true with the placeholder hub_model_id {hub!r}: pass --hub_model_id "
-                      f"<you>/{hub.split('/', 1)[-1]} after the recipe, or --push_to_hub false"
-                      if push and is_placeholder_hub_id(hub) else "")
+out["HUB_PROBLEM"] = ""
+if push:
+    from trl_variants.training.preflight import hub_push_problems
+
+    out["HUB_PROBLEM"] = "; ".join(p for p in hub_push_problems(hub, "hub_model_id") if "placeholder" in p)
 for key, value in out.items():
     print(f"{key}={shlex.quote(value)}")
 print("BATCH_ARGS=(" + " ".join(shlex.quote(f) for f in flags) + ")")

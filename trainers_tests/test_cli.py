@@ -145,8 +145,13 @@ def test_presample_config_of_a_paper_recipe_is_its_trainers_pass(recipe, samples
 
 
 def test_presample_config_refuses_a_recipe_without_a_sampling_pass():
-    with pytest.raises(ValueError, match="ERPO's recipe has no sampling pass to presample: ERPO's pass only scores"):
+    with pytest.raises(ValueError, match="the erpo recipe has nothing to presample: ERPO's pass only scores"):
         presample_command.parse_presample_args(["--config", "erpo/qwen2.5-math-7b"])
+    with pytest.raises(ValueError, match="the grpo recipe has nothing to presample: GRPO has no offline pass"):
+        presample_command.parse_presample_args(["--config", "grpo/tiny_cpu"])
+    # a composed recipe whose parts hold dph_rehearsal: DPH-RL's pass, with the composed recipe's num_presamples (4)
+    _, config = presample_command.parse_presample_args(["--config", "composed/tiny_cpu"])
+    assert (config.num_samples, config.record_completion_logps, config.max_completion_length) == (4, True, 64)
 
 
 def test_a_recipes_presampled_dataset_trains_without_a_pass_of_its_own(tmp_path, monkeypatch):

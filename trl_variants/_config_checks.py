@@ -63,7 +63,8 @@ def refuse_inert(config, why: dict[str, str]) -> None:
     for every config): an option that would be ignored without a word."""
     import dataclasses
 
-    defaults = {f.name: f.default for f in dataclasses.fields(config)}
+    defaults = {f.name: f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+                for f in dataclasses.fields(config)}
     unused = [f"{name}={getattr(config, name)!r} {text}" for name, text in why.items()
               if getattr(config, name) != defaults[name]]
     if unused:

@@ -175,8 +175,10 @@ def test_a_placeholder_hub_id_stops_the_job_before_srun_and_the_dry_run_says_so(
     said = dry_run(recipe)
     assert said.returncode == 0 and "a real job would stop here: push_to_hub: true with the placeholder" in said.stderr
     assert "--hub_model_id <you>/" in said.stderr
-    for fix in (["--hub_model_id", "me/erpo-7b"], ["--push_to_hub=false"]):
+    for fix in (["--hub_model_id", "me/erpo-7b"], ["--push_to_hub=false"], ["--hub-model-id", "me/erpo-7b"]):
         assert "would stop" not in dry_run(recipe, *fix).stderr
+    bare = dry_run("configs/apo/qwen2.5-7B.yaml", "--push_to_hub=false", "--push_to_hub", "--seed", "3")
+    assert "would stop here: push_to_hub: true with the placeholder" in bare.stderr  # a bare flag is true
     environment = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     real = subprocess.run(["bash", str(SCRIPT), recipe], capture_output=True, text=True, cwd=ROOT, timeout=60,
                           env=dict(environment, SLURM_JOB_NODELIST="gpu-a,gpu-b", SLURM_GPUS_ON_NODE="8",

@@ -135,23 +135,25 @@ class APOConfig(GuardedConfig):
         generation batch, so that no error names a group size nobody set (a stand-in of 2 failed an odd batch with
         "divisible by num_generations (2)"): the batch itself where it is given, else one process's rows
         (``per_device_train_batch_size x steps_per_generation``; GRPOConfig multiplies them by the processes)."""
-        if self.generation_batch_size is not None and self.generation_batch_size >= 2:
-            return self.generation_batch_size  # GRPOConfig names a batch that its processes cannot split itself
         steps = self.steps_per_generation or self.gradient_accumulation_steps
-        rows = self.per_device_train_batch_size * steps
-        if rows >= 2 and self.generation_batch_size is None:
-            return rows
-        from accelerate.utils import get_int_from_env
+        if self.generation_batch_size is not None:  # GRPOConfig names a batch its processes cannot split itself
+            rows, processes = self.generation_batch_size, None
+        else:
+            from accelerate.utils import get_int_from_env
 
-        processes = get_int_from_env(["WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE"], 1)
-        if self.generation_batch_size is not None or processes * rows < 2:
+            processes = get_int_from_env(["WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE"], 1)
+            # one process's rows divide every batch GRPOConfig makes of them; all processes' only where that is 1 row
+            rows = self.per_device_train_batch_size * steps
+            rows = rows if rows >= 2 else rows * processes
+        if rows < 2:
             raise ValueError(
-                f"APOConfig: A*-PO's generation batch is 1 row (generation_batch_size {self.generation_batch_size}, "
-                f"or per_device_train_batch_size {self.per_device_train_batch_size} x {processes} process x "
-                f"steps_per_generation {steps}), and GRPOConfig, which APOConfig extends, needs at least 2: raise "
-                "per_device_train_batch_size, gradient_accumulation_steps or steps_per_generation (or "
-                "generation_batch_size where you set it)")
-        return processes * rows
+                "APOConfig: A*-PO's generation batch is 1 row ("
+                + (f"generation_batch_size {rows}" if processes is None else
+                   f"per_device_train_batch_size {self.per_device_train_batch_size} x {processes} process x "
+                   f"steps_per_generation {steps}")
+                + "), and GRPOConfig, which APOConfig extends, needs at least 2: raise per_device_train_batch_size, "
+                "gradient_accumulation_steps or steps_per_generation (or generation_batch_size where you set it)")
+        return rows
 
     def __post_init__(self):
         check_common(self)  # options TRL accepts but that fail after the model load

@@ -60,7 +60,7 @@ class Parser(TrlParser):
 
 def parse_with_recipe(parser: Parser, argv: list[str], command: str, to_options) -> tuple:
     """``parser``'s dataclasses from ``argv``, where ``--config`` may name a training recipe (a path or a shipped
-    recipe's name, :func:`~trl_variants.recipe_catalog.resolve_recipe`): ``to_options(recipe, path, rest)`` turns
+    recipe's name, :func:`~trl_variants.recipe_catalog.resolve_recipe`): ``to_options(recipe, path, value, rest)`` turns
     its keys into this command's options (``rest``: the other flags, which override them). A YAML that is not a
     mapping goes to the parser as it is. ``command`` names the command in the errors."""
     import os

@@ -47,7 +47,7 @@ def recipe_method(recipe: dict, path) -> str:
     from ..registry import REGISTRY
 
     folder = Path(path).parent.name
-    if folder in REGISTRY:
+    if folder in REGISTRY or folder == "composed":
         return folder
     found = [m for m, key in (("dph", "num_presamples"), ("apo", "num_value_samples")) if key in recipe]
     if len(found) != 1:
@@ -70,12 +70,17 @@ def recipe_for_presample(recipe: dict, method: str) -> tuple[dict, list[str]]:
     from ..presample import PresampleConfig
     from ..registry import method_classes
 
+    config_cls = method_classes(method)[1]
+    if method == "composed" and "dph_rehearsal" in (recipe.get("parts") or []):
+        method = "dph"  # DPH-RL's part runs the pass, with the composed config's fields of the same names
     if method not in ("dph", "apo"):
-        raise ValueError(f"--config: {method_classes(method)[0]._name}'s recipe has no sampling pass to presample: "
-                         + ("EEPO has no offline pass" if method == "eepo" else "ERPO's pass only scores each prompt "
-                            "(l_ref(s)), which its trainer does before training in one forward per batch")
-                         + ". Presampling is for DPH-RL's and A*-PO's recipes")
-    defaults = {f.name: f.default for f in fields(method_classes(method)[1]) if f.default is not MISSING}
+        why = {"eepo": "EEPO has no offline pass", "grpo": "GRPO has no offline pass",
+               "composed": "of its parts only dph_rehearsal has a sampling pass, and its parts do not list it",
+               "erpo": "ERPO's pass only scores each prompt (l_ref(s)), which its trainer does before training in one "
+                       "forward per batch"}.get(method, "it has no sampling pass")
+        raise ValueError(f"--config: the {method} recipe has nothing to presample: {why}. Presampling is for the "
+                         "recipes of DPH-RL, A*-PO and a composed trainer with dph_rehearsal")
+    defaults = {f.name: f.default for f in fields(config_cls) if f.default is not MISSING}
 
     def value(key):
         return recipe.get(key, defaults.get(key))
@@ -93,11 +98,11 @@ def recipe_for_presample(recipe: dict, method: str) -> tuple[dict, list[str]]:
     known = {f.name for cls in (PresampleScriptArguments, PresampleConfig) for f in fields(cls)}
     training, ignored = training_keys(), []
     for key, val in recipe.items():
-        if key in options or key in _CONSUMED:
+        if key in _CONSUMED:
             continue
         if key in _TRAINING_MEANING or (key not in known and key in training):
             ignored.append(key)
-        else:
+        elif key not in options:  # the sampling options are taken above
             options[key] = val
     return {k: v for k, v in options.items() if v is not None}, ignored
 

@@ -87,9 +87,10 @@ class Rehearsal(Part):
         check_presampled_columns(train_dataset, PRESAMPLE_COLUMNS, trainer_name, options)
         check_stored_columns(train_dataset, trainer_name, options, ["ref_completion_logps"])  # impossible values
         # which reward decides correctness: known before anything loads (it failed after the whole offline pass)
-        stored = None if is_stream(train_dataset) else presample_metadata(train_dataset)
-        correctness_index((stored or {}).get("reward_funcs") or reward_func_names(kwargs.get("reward_funcs")),
-                          args.correctness_reward)
+        if not is_stream(train_dataset):  # a stream's stored names are read in setup(), with the stream
+            stored = presample_metadata(train_dataset) or {}
+            correctness_index(stored.get("reward_funcs") or reward_func_names(kwargs.get("reward_funcs")),
+                              args.correctness_reward)
 
     # ---------------------------------------------------------------------- stage 1: the offline pass, split ---
     def setup(self, trainer) -> None:

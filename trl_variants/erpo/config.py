@@ -4,10 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .._config_checks import check_common, check_number
+from .._config_checks import check_common, check_number, refuse_inert
 from ..dapo.config import DynamicSamplingConfig
-
-_INERT_DEFAULTS = {"query_kl_estimator": "k3", "query_weight_source": "policy", "query_weight_max": 2.0}
 
 
 @dataclass
@@ -95,10 +93,7 @@ class ERPOConfig(DynamicSamplingConfig):
                "query_weight_max": "clips only the reference-derived weights: set query_weight_source='reference' "
                                    "(with use_query_weights=True) or drop query_weight_max"}
         inert = self.inert_fields(vars(self))
-        unused = [f"{name}={getattr(self, name)!r} {why[name]}" for name in why
-                  if name in inert and getattr(self, name) != _INERT_DEFAULTS[name]]
-        if unused:
-            raise ValueError(f"{type(self).__name__}: " + "; ".join(unused))
+        refuse_inert(self, {name: text for name, text in why.items() if name in inert})
 
     @staticmethod
     def inert_fields(values) -> set[str]:

@@ -129,7 +129,7 @@ class EvalConfig:
         from ..generation import engine_config
 
         self.transformers_continuous_batching_config = engine_config(
-            self.transformers_continuous_batching_config, "EvaluationConfig.transformers_continuous_batching_config")
+            self.transformers_continuous_batching_config, f"{type(self).__name__}.transformers_continuous_batching_config")
         engine = [k for k, default in self._HF_ENGINE_DEFAULTS.items() if getattr(self, k) != default]
         if engine and self.backend != "hf":
             raise ValueError(f"{', '.join(engine)} are options of transformers generation (backend 'hf'), but "
