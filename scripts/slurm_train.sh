@@ -114,7 +114,7 @@ push = bool(raw.get("push_to_hub")) if push is None else push.strip().lower() in
 hub = given("hub_model_id") or raw.get("hub_model_id") or ""
 out["HUB_PROBLEM"] = ""
 if push:
-    from trl_variants.training.preflight import hub_push_problems
+    from trl_variants.recipe_catalog import hub_push_problems  # a light module: this runs on every submission
 
     out["HUB_PROBLEM"] = "; ".join(p for p in hub_push_problems(hub, "hub_model_id") if "placeholder" in p)
 for key, value in out.items():

@@ -105,3 +105,29 @@ def recipes_text(width: int = 118) -> str:
               "path too)."]
     return "\n".join(lines)
 
+
+# the Hub id the shipped recipes hold in place of the user's: every push to it is refused before anything loads
+_PLACEHOLDER_HUB_ID = re.compile(r"^(your[-_]?[a-z]*|<[^>]*>|org|user|username)/", re.IGNORECASE)
+
+
+def is_placeholder_hub_id(hub_id: str | None) -> bool:
+    """A ``hub_model_id`` a shipped recipe holds in place of the user's (``your-org/...``, ``<you>/...``)."""
+    return bool(hub_id) and _PLACEHOLDER_HUB_ID.match(hub_id) is not None
+
+
+def hub_push_problems(repo_id: str | None, field: str) -> list[str]:
+    """What stops a push to the Hub repository ``repo_id`` (the option ``field``), each with its fix: a placeholder
+    id, no token, ``HF_HUB_OFFLINE``. Checked before any work (the push comes after the training or the pass)."""
+    from huggingface_hub import constants, get_token
+
+    problems = []
+    if is_placeholder_hub_id(repo_id):
+        problems.append(f"push_to_hub: true with the placeholder {field} {repo_id!r}: pass --{field} "
+                        f"<you>/{repo_id.split('/', 1)[1]} (a repository you may write to), or --push_to_hub false")
+    if get_token() is None:
+        problems.append("push_to_hub: true needs a Hub token with write access: run `hf auth login` (or set "
+                        "HF_TOKEN), or pass --push_to_hub false")
+    if constants.HF_HUB_OFFLINE:
+        problems.append("push_to_hub: true, but HF_HUB_OFFLINE is set (no network to the Hub): unset it, or pass "
+                        "--push_to_hub false")
+    return problems

@@ -171,17 +171,17 @@ def test_refusals_name_the_problem_before_anything_starts():
 def test_a_placeholder_hub_id_stops_the_job_before_srun_and_the_dry_run_says_so(tmp_path):
     """The paper recipes push to the placeholder ``your-org/...``: every process refused it after the allocation
     started (and a vLLM server with it); the script stops before srun, and a dry run says that it would."""
-    recipe = "configs/erpo/qwen2.5-math-7b.yaml"
-    said = dry_run(recipe)
+    recipe, eight = "configs/erpo/qwen2.5-math-7b.yaml", {"GPUS_PER_NODE": "4"}  # 8 processes: no rescaling to import
+    said = dry_run(recipe, **eight)
     assert said.returncode == 0 and "a real job would stop here: push_to_hub: true with the placeholder" in said.stderr
     assert "--hub_model_id <you>/" in said.stderr
-    for fix in (["--hub_model_id", "me/erpo-7b"], ["--push_to_hub=false"], ["--hub-model-id", "me/erpo-7b"]):
-        assert "would stop" not in dry_run(recipe, *fix).stderr
-    bare = dry_run("configs/apo/qwen2.5-7B.yaml", "--push_to_hub=false", "--push_to_hub", "--seed", "3")
+    for fix in (["--push_to_hub=false"], ["--hub-model-id", "me/erpo-7b"]):
+        assert "would stop" not in dry_run(recipe, *fix, **eight).stderr
+    bare = dry_run(recipe, "--push_to_hub=false", "--push_to_hub", "--seed", "3", **eight)
     assert "would stop here: push_to_hub: true with the placeholder" in bare.stderr  # a bare flag is true
     environment = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     real = subprocess.run(["bash", str(SCRIPT), recipe], capture_output=True, text=True, cwd=ROOT, timeout=60,
-                          env=dict(environment, SLURM_JOB_NODELIST="gpu-a,gpu-b", SLURM_GPUS_ON_NODE="8",
+                          env=dict(environment, SLURM_JOB_NODELIST="gpu-a,gpu-b", SLURM_GPUS_ON_NODE="4",
                                    PYTHON=sys.executable, TRL_VARIANTS_ROOT=str(ROOT), PATH=str(tmp_path)
                                    + ":" + environment["PATH"]))
     assert real.returncode != 0 and "slurm_train.sh: push_to_hub: true with the placeholder" in real.stderr
@@ -193,7 +193,7 @@ def test_a_copy_of_a_recipe_outside_a_method_folder_names_its_method_with_method
     copy.write_text((ROOT / "configs" / "erpo" / "qwen2.5-math-7b.yaml").read_text())
     unnamed = dry_run(str(copy))
     assert unnamed.returncode != 0 and "set METHOD=<erpo|eepo|dph|apo>" in unnamed.stderr
-    named = dry_run(str(copy), METHOD="erpo")
+    named = dry_run(str(copy), METHOD="erpo", GPUS_PER_NODE="4")  # 8 processes, as written: nothing to rescale
     assert named.returncode == 0 and "examples/train_erpo.py" in named.stdout
 
 

@@ -160,7 +160,7 @@ def presample_main(argv: list[str]) -> None:
 
     script_args, config = parse_presample_args(argv)
     if script_args.push_to_hub:  # the push comes after the pass, which may take hours: its needs are checked now
-        from ..training.preflight import hub_push_problems
+        from ..recipe_catalog import hub_push_problems
 
         if not script_args.hub_dataset_id:
             raise ValueError("--push_to_hub needs --hub_dataset_id org/name")

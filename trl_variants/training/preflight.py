@@ -4,13 +4,12 @@ checkpoint to resume), listed in one message with each fix; and the one line say
 from __future__ import annotations
 
 import os
-import re
+
+from ..recipe_catalog import hub_push_problems
 
 TRACKER_PACKAGES = {"wandb": '"trl-variants[wandb]"', "trackio": '"trl-variants[trackio]"', "comet_ml": "comet-ml",
                     "azure_ml": "azureml-core", "neptune": "neptune", "tensorboard": "tensorboard"}
 """What to ``pip install`` for a ``report_to`` tracker (others: the tracker's name)."""
-
-_PLACEHOLDER_HUB_ID = re.compile(r"^(your[-_]?[a-z]*|<[^>]*>|org|user|username)/", re.IGNORECASE)
 
 
 def _wandb_logged_in() -> bool:
@@ -34,29 +33,6 @@ def _uses_deepspeed(training_args) -> bool:
     from accelerate.utils import parse_flag_from_env
 
     return parse_flag_from_env("ACCELERATE_USE_DEEPSPEED") or bool(getattr(training_args, "deepspeed", None))
-
-
-def is_placeholder_hub_id(hub_id: str | None) -> bool:
-    """A ``hub_model_id`` a shipped recipe holds in place of the user's (``your-org/...``, ``<you>/...``)."""
-    return bool(hub_id) and _PLACEHOLDER_HUB_ID.match(hub_id) is not None
-
-
-def hub_push_problems(repo_id: str | None, field: str) -> list[str]:
-    """What stops a push to the Hub repository ``repo_id`` (the option ``field``), each with its fix: a placeholder
-    id, no token, ``HF_HUB_OFFLINE``. Checked before any work (the push comes after the training or the pass)."""
-    from huggingface_hub import constants, get_token
-
-    problems = []
-    if is_placeholder_hub_id(repo_id):
-        problems.append(f"push_to_hub: true with the placeholder {field} {repo_id!r}: pass --{field} "
-                        f"<you>/{repo_id.split('/', 1)[1]} (a repository you may write to), or --push_to_hub false")
-    if get_token() is None:
-        problems.append("push_to_hub: true needs a Hub token with write access: run `hf auth login` (or set "
-                        "HF_TOKEN), or pass --push_to_hub false")
-    if constants.HF_HUB_OFFLINE:
-        problems.append("push_to_hub: true, but HF_HUB_OFFLINE is set (no network to the Hub): unset it, or pass "
-                        "--push_to_hub false")
-    return problems
 
 
 def prerequisite_problems(training_args) -> list[str]:
