@@ -213,12 +213,12 @@ def reward_func_names(reward_funcs) -> list[str]:
     """The names ``GRPOTrainer.__init__`` will give ``reward_funcs`` (its ``reward_func_names``), known before it
     loads anything: a function's name, or the last part of a reward model's id or path."""
     from torch import nn
-    from trl.trainer.utils import get_callable_name, get_config_model_id
+    from trl.trainer.utils import get_config_model_id
 
     funcs = [] if reward_funcs is None else reward_funcs if isinstance(reward_funcs, list) else [reward_funcs]
     return [str(f).split("/")[-1] if isinstance(f, str | os.PathLike)
             else get_config_model_id(f.config).split("/")[-1] if isinstance(f, nn.Module)
-            else get_callable_name(f) for f in funcs]
+            else _reward_func_name(f) for f in funcs]
 
 
 def check_reward_columns(reward_funcs: Sequence[Callable], column_names: Sequence[str]) -> None:

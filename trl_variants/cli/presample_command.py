@@ -67,7 +67,6 @@ def recipe_for_presample(recipe: dict, method: str) -> tuple[dict, list[str]]:
     Training-only keys are ignored (returned); a key neither command knows is kept, so the parser refuses it."""
     from dataclasses import MISSING, fields
 
-    from ..presample import PresampleConfig
     from ..registry import method_classes
 
     config_cls = method_classes(method)[1]
@@ -95,8 +94,7 @@ def recipe_for_presample(recipe: dict, method: str) -> tuple[dict, list[str]]:
                        shard_size=value("presample_shard_size"))
     if recipe.get("presample_cache_dir"):
         options["cache_dir"] = recipe["presample_cache_dir"]
-    known = {f.name for cls in (PresampleScriptArguments, PresampleConfig) for f in fields(cls)}
-    training, ignored = training_keys(), []
+    known, training, ignored = _presample_keys(), training_keys(), []
     for key, val in recipe.items():
         if key in _CONSUMED:
             continue
