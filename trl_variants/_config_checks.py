@@ -24,6 +24,19 @@ loss type" (or the like) only at the first generation or loss, after the model l
 upgrade of TRL that documents another value fails ``trainers_tests/reliability/test_config_values.py``."""
 
 
+def launch_processes() -> int:
+    """The process count of this launch, before the training arguments are parsed: accelerate's ``PartialState``
+    when it is already set up, else the launcher's environment (``WORLD_SIZE``, set by ``accelerate launch`` and
+    ``torchrun``; MPI's sizes), else 1. The configs' checks and the recipes' batch arithmetic
+    (``training.batch``) read it here; ``training.run`` checks it against the parsed ``world_size``."""
+    from accelerate import PartialState
+    from accelerate.utils import get_int_from_env
+
+    if PartialState._shared_state:
+        return PartialState().num_processes
+    return get_int_from_env(["WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE"], 1)
+
+
 def _num(value) -> float:
     """``value`` as a float (a YAML string such as "1e-6" included); NaN when it is not a number."""
     if isinstance(value, bool):
@@ -189,9 +202,7 @@ def _check_continuous_batching_options(config, name: str, repetition_penalty: fl
             "and run the model's own forward only without FSDP (FSDP has not run on a GPU here). Generate with "
             "vLLM (use_vllm: true), with HF generate (drop use_transformers_continuous_batching), or train under "
             "DeepSpeed ZeRO")
-    from accelerate.utils import get_int_from_env
-
-    processes = get_int_from_env(["WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE"], 1)
+    processes = launch_processes()
     if uses_fsdp(config) and processes > 1:
         raise ValueError(
             f"{name}.use_transformers_continuous_batching under FSDP with {processes} processes is refused: the "

@@ -102,9 +102,9 @@ def flag(argv: list[str], name: str) -> str:
 @pytest.mark.usefixtures("bf16_anywhere", "bare_machine")
 def test_smoke_command_is_small_and_passes_the_preflight(path):
     import trl_variants
+    from trl_variants._config_checks import launch_processes as num_processes
     from trl_variants.recipe_catalog import resolve_recipe
     from trl_variants.training import parse_args, prerequisite_problems, recipe_batch
-    from trl_variants.training.batch import num_processes
 
     argv = smoke_argv(path)
     for name, value in [("--max_steps", "2"), ("--push_to_hub", "false"), ("--report_to", "none"),

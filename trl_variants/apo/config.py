@@ -6,7 +6,7 @@ from dataclasses import MISSING, dataclass, field, fields
 
 from trl import GRPOConfig
 
-from .._config_checks import check_common, check_number
+from .._config_checks import check_common, check_number, launch_processes
 from .._numerics import GuardedConfig
 from .._validation import check_cache_dir
 
@@ -139,9 +139,7 @@ class APOConfig(GuardedConfig):
         if self.generation_batch_size is not None:  # GRPOConfig names a batch its processes cannot split itself
             rows, processes = self.generation_batch_size, None
         else:
-            from accelerate.utils import get_int_from_env
-
-            processes = get_int_from_env(["WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE"], 1)
+            processes = launch_processes()
             # one process's rows divide every batch GRPOConfig makes of them; all processes' only where that is 1 row
             rows = self.per_device_train_batch_size * steps
             rows = rows if rows >= 2 else rows * processes

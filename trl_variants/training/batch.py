@@ -28,18 +28,6 @@ def recipe_processes(path: str | Path) -> int | None:
     return None
 
 
-def num_processes() -> int:
-    """The process count of this launch, before the training arguments are parsed: accelerate's ``PartialState``
-    when it is already set up, else the launcher's environment (``WORLD_SIZE``, set by ``accelerate launch`` and
-    ``torchrun``; MPI's sizes), else 1. :func:`run_training` checks it against the parsed ``world_size``."""
-    from accelerate import PartialState
-    from accelerate.utils import get_int_from_env
-
-    if PartialState._shared_state:
-        return PartialState().num_processes
-    return get_int_from_env(["WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE"], 1)
-
-
 def _given(argv: list[str]) -> list[str]:
     """The option names of ``argv`` (``--name value``, ``--name=value``; dashes read as underscores, as
     ``HfArgumentParser`` accepts both)."""

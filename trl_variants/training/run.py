@@ -10,6 +10,7 @@ from pathlib import Path
 
 from trl import ModelConfig
 
+from .._config_checks import launch_processes
 from .._model import full_state_dict_for_final_save
 from .._preemption import EXIT_CODE as SIGTERM_EXIT_CODE
 from .._preemption import stopped_line
@@ -19,7 +20,7 @@ from ..data import check_dataset_flags, get_reward_funcs, load_datasets, uses_em
 from ..recipe_catalog import default_recipe, recipe_name, resolve_recipe
 from ..registry import method_classes
 from .arguments import TrainScriptArguments, check_heldout_flags, config_argument, heldout_origin, parse_args
-from .batch import num_processes, recipe_batch
+from .batch import recipe_batch
 from .model_options import check_model_flags, model_init_kwargs, model_name_or_path, quantization_config
 from .preflight import check_prerequisites, where_it_runs
 
@@ -63,7 +64,7 @@ def run_training(trainer_cls, config_cls, default_config: str | Path | None = No
 
     argv = list(sys.argv[1:] if argv is None else argv)
     config = config_argument(argv, default_config)
-    processes, flags = num_processes(), []
+    processes, flags = launch_processes(), []
     if config is not None and os.path.isfile(config):
         flags, note = recipe_batch(config, argv, processes, config_cls)
         if note and os.environ.get("RANK", "0") == "0":
