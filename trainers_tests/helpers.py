@@ -210,16 +210,36 @@ def tiny_reward_model(path, seed: int = 0) -> str:
     return str(path)
 
 
+def seeded_rollouts(trainers, prompts=(0, 1), group=4):
+    """Each trainer's ``_generate_and_score_completions`` on the same rows (``group`` copies of each of the first
+    trainer's ``prompts``), each from the same seed, in training mode."""
+    rows = [trainers[0].train_dataset[i] for i in prompts for _ in range(group)]
+    outs = []
+    for trainer in trainers:
+        trainer.model.train()
+        torch.manual_seed(7)
+        outs.append(trainer._generate_and_score_completions([dict(r) for r in rows]))
+    return outs
+
+
+def assert_same_rollout(grpo, other, prompts=(0, 1), group=4):
+    """``other`` samples, scores and prepares the same rollout as ``grpo`` from the same seed: the same keys and
+    equal values (completions, rewards, advantages, old and reference log-probs where computed). A method's
+    rollout-side addition left on where it should be off changes one of them."""
+    a, b = seeded_rollouts((grpo, other), prompts, group)
+    assert a.keys() == b.keys()
+    for key, value in a.items():
+        if isinstance(value, torch.Tensor):
+            assert torch.equal(value, b[key]), key
+        else:
+            assert value == b[key], key
+
+
 def rollouts_with_and_without_query_weights(plain, weighted, prompts=(0, 1), group=4):
     """The same rollouts (same seed, same rows) scored by ``plain`` and by ``weighted`` (its ``erpo_query_weights``
     part on); asserts they sampled the same completions and that ``weighted``'s advantages are ``plain``'s times the
     part's w(s). Returns both outputs."""
-    rows = [plain.train_dataset[i] for i in prompts for _ in range(group)]
-    out = {}
-    for name, trainer in (("plain", plain), ("weighted", weighted)):
-        trainer.model.train()
-        torch.manual_seed(7)
-        out[name] = trainer._generate_and_score_completions([dict(r) for r in rows])
+    out = dict(zip(("plain", "weighted"), seeded_rollouts((plain, weighted), prompts, group), strict=True))
     assert torch.equal(out["plain"]["completion_ids"], out["weighted"]["completion_ids"])
     w = weighted.part("erpo_query_weights").weights(weighted, None, out["weighted"])
     torch.testing.assert_close(out["weighted"]["advantages"], out["plain"]["advantages"] * w)

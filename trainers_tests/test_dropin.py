@@ -483,7 +483,6 @@ BEHAVIOURS = dict(zip(EXPECTED, [eval_dataset, streaming, several_rewards, async
                       strict=True))
 
 
-@pytest.mark.slow
 def trl_cannot_run(behaviour: str) -> str | None:
     """Why TRL 1.16 itself (its GRPOTrainer too) cannot run ``behaviour`` with the installed transformers, or None."""
     import importlib.util
@@ -501,6 +500,7 @@ def trl_cannot_run(behaviour: str) -> str | None:
     return None
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("behaviour", list(EXPECTED))
 def test_dropin(behaviour, method, tmp_path):

@@ -41,6 +41,31 @@ def test_without_the_part_the_attribute_is_absent_until_set():
     assert trainer.position == 5
 
 
+@pytest.mark.parametrize(("zero_stage", "checkpointing", "kwargs", "refused"), [
+    (3, True, {"use_reentrant": True}, True),    # TRL's kwargs for PEFT under ZeRO-3
+    (3, True, {}, True),                         # kwargs without use_reentrant reach torch: reentrant
+    (3, True, None, False),                      # no kwargs: transformers checkpoints non-reentrant
+    (3, True, {"use_reentrant": False}, False),
+    (3, False, {"use_reentrant": True}, False),  # no checkpointing
+    (2, True, {"use_reentrant": True}, False),   # ZeRO-2 keeps whole weights
+    (None, True, {"use_reentrant": True}, False),
+])
+def test_zero3_with_reentrant_checkpointing_is_read_from_the_deepspeed_plugin(zero_stage, checkpointing, kwargs,
+                                                                                refused):
+    """What the refusal below rests on, without DeepSpeed installed (CI): the ZeRO stage as accelerate's
+    DeepSpeed plugin states it, and the checkpointing kwargs as TRL leaves them."""
+    from types import SimpleNamespace
+
+    from trl_variants._model import reentrant_checkpointing_under_zero3
+
+    plugin = SimpleNamespace(zero_stage=zero_stage) if zero_stage else None
+    trainer = SimpleNamespace(
+        is_deepspeed_enabled=zero_stage is not None,
+        accelerator=SimpleNamespace(state=SimpleNamespace(deepspeed_plugin=plugin)),
+        args=SimpleNamespace(gradient_checkpointing=checkpointing, gradient_checkpointing_kwargs=kwargs))
+    assert reentrant_checkpointing_under_zero3(trainer) is refused
+
+
 def _zero3_reentrant(monkeypatch):
     """ZeRO-3 as the trainers' check sees it (``_model._zero3``), with reentrant gradient checkpointing asked for as
     TRL asks for it under PEFT; the real 2-process run is scripts/check_distributed_backends.py --trainers dph_peft."""

@@ -105,10 +105,13 @@ def test_every_part_trains_saves_and_resumes(tmp_path):
     kw = dict(entropy_gate="always", max_steps=2, save_strategy="steps", save_steps=1, output_dir=str(out))
     trainer = _composed(tmp_path, ["erpo_query_weights", "erpo_query_kl", "dph_rehearsal", "eepo_two_stage_rollout"],
                         **kw)
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     trainer.train()
     logged = trainer.state.log_history[0]
     for key in ("erpo/query_weight/mean", "erpo/query_kl", "dph/loss_pef", "eepo/gate"):
         assert math.isfinite(logged[key]), key
+    assert logged["eepo/gate"] == 1.0  # entropy_gate="always": every rollout unlearned
+    assert any(not torch.equal(p, before[n]) for n, p in trainer.model.named_parameters())  # it trained
     position, history = (trainer._pef_epoch, trainer._pef_pos), list(trainer._entropy_history)
     resumed = _composed(tmp_path, ["erpo_query_weights", "erpo_query_kl", "dph_rehearsal", "eepo_two_stage_rollout"],
                         **dict(kw, max_steps=2))

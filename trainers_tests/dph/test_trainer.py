@@ -79,6 +79,65 @@ def test_pef_term_value_and_gradient_direction(tmp_path):
     assert (f_divergence(after - current - 0.3, "forward_kl") * mask).sum() < (0.3 * mask).sum()
 
 
+def test_pef_term_follows_the_configured_divergence(tmp_path):
+    """Each ``divergence`` (and ``divergence_alpha``) of the config reaches the D_pef term: every stored token 0.3
+    above the current log-prob (log u = -0.3) adds eta * f(u), with f from DPH-RL's Table 5 written out here."""
+    eta, lu = 0.5, -0.3
+    u = math.exp(lu)
+    table5 = {
+        "reverse_kl": u * lu,
+        "js": u * lu / 2 - (u + 1) / 2 * math.log((u + 1) / 2),
+        "alpha": (u ** (1 - 0.5) - (1 - 0.5) * u - 0.5) / (0.5 * (0.5 - 1)),  # divergence_alpha 0.5, not 0.2
+        "forward_kl_k3": u - lu - 1,
+    }
+    zero = _dph(tmp_path, dph_coef=0.0)
+    inputs, _ = fixed_batch(zero)
+    inputs = dict(inputs, advantages=torch.zeros_like(inputs["advantages"]))  # isolate the D_pef term
+    loss_z, _ = loss_and_grads(zero, inputs)
+    for divergence, f in table5.items():
+        extra = {"divergence_alpha": 0.5} if divergence == "alpha" else {}
+        dph = _dph(tmp_path, dph_coef=eta, divergence=divergence, pef_batch_size=2, **extra)
+        dph._pef_epoch, dph._pef_pos = 0, 0
+        dph.pef_dataset = dph.pef_dataset.map(lambda ex: {"completion_logps": [x - lu for x in ex["completion_logps"]]})
+        loss_d, _ = loss_and_grads(dph, inputs)
+        assert loss_d.item() - loss_z.item() == pytest.approx(eta * f, abs=1e-4), divergence
+
+
+def test_pef_term_is_the_token_mean_of_the_rehearsed_batch(tmp_path):
+    """Eq. 6's L_pef averages f over the tokens of the D_pef batch: two rows of different lengths, one moved 0.3
+    and one 0.1 away from their stored log-probs, give eta * (0.3 L0 + 0.1 L1) / (L0 + L1), not the mean of the
+    rows' means (eta * 0.2) nor a sum."""
+    eta = 0.5
+    dph = _dph(tmp_path, dph_coef=eta, divergence="forward_kl", pef_batch_size=2)
+    zero = _dph(tmp_path, dph_coef=0.0)
+    inputs, _ = fixed_batch(dph)
+    inputs = dict(inputs, advantages=torch.zeros_like(inputs["advantages"]))  # isolate the D_pef term
+    dph._pef_epoch, dph._pef_pos = 0, 0
+    rows = dph.part("dph_rehearsal")._pef_order(dph, 0)[:2]
+    full = [len(r) for r in dph.pef_dataset.select(rows)["completion_logps"]]
+    lengths = [max(1, full[1] // 3), full[1]]  # the first row cut to a third of the second's length
+    shift = {rows[0]: 0.3, rows[1]: 0.1}
+
+    def edit(ex, i):
+        if i == rows[0]:  # a stored completion's prefix, with its log-probs (causal: the same values)
+            ex = dict(ex, completion_ids=ex["completion_ids"][: lengths[0]],
+                      completion_logps=ex["completion_logps"][: lengths[0]])
+        if i in shift:
+            ex = dict(ex, completion_logps=[x + shift[i] for x in ex["completion_logps"]])
+        return ex
+
+    dph.pef_dataset = dph.pef_dataset.map(edit, with_indices=True)
+    batch = dph.pef_dataset.select(rows)
+    assert [len(r) for r in batch["completion_ids"]] == lengths and lengths[0] < lengths[1]
+    *_, mask, _ = dph.part("dph_rehearsal")._pef_tensors(dph, batch)
+    assert mask.sum(1).tolist() == lengths
+    loss_z, _ = loss_and_grads(zero, inputs)
+    loss_d, _ = loss_and_grads(dph, inputs)
+    expected = eta * (0.3 * lengths[0] + 0.1 * lengths[1]) / sum(lengths)  # f = -log u = the shift, per token
+    assert abs(expected - eta * 0.2) > 1e-2  # the row mean would be told apart
+    assert loss_d.item() - loss_z.item() == pytest.approx(expected, abs=1e-4)
+
+
 def test_empty_pef_errors_or_falls_back(tmp_path):
     few = train_dataset(16).filter(lambda lv: lv == 4, input_columns="level")  # hard prompts only
     with pytest.raises(ValueError, match="D_pef is empty"):
@@ -153,6 +212,29 @@ def test_definition_form_js_with_live_reference(tmp_path):
     assert loss_d.item() - loss_g.item() == pytest.approx(expected, abs=1e-5)
     with pytest.raises(ValueError, match="divergence='js'"):
         DPHConfig(output_dir="x", use_cpu=True, bf16=False, divergence="forward_kl", divergence_form="definition")
+
+
+def test_definition_form_js_is_a_token_mean_over_the_rollouts(tmp_path):
+    """beta1 * KL(pi || M) on D_exp averages over the rollout tokens: rows of different lengths moved by different
+    amounts from the reference give the length-weighted mean of the per-row values."""
+    grpo = grpo_trainer(tmp_path)
+    dph = _dph(tmp_path, divergence_form="definition", dph_coef=0.0)  # isolate the D_exp term
+    dph.js_beta1 = 0.5
+    inputs, _ = fixed_batch(grpo)
+    ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
+    attn = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
+    with torch.no_grad():
+        current, _, _ = dph._get_per_token_logps_and_entropies(dph.model, ids, attn, inputs["completion_ids"].size(1))
+    shifts = [0.8, 0.1, 0.4, 0.2]  # log u on every token of each row
+    ref = current - torch.tensor(shifts)[:, None]
+    lengths = inputs["completion_mask"].sum(1).tolist()
+    assert len(set(lengths)) > 1
+    loss_g, _ = loss_and_grads(grpo, inputs)
+    loss_d, _ = loss_and_grads(dph, dict(inputs, ref_per_token_logps=ref))
+    per_token = [c - math.log((1 + math.exp(c)) / 2) for c in shifts]  # KL(pi || M) at log u = c
+    expected = 0.5 * sum(n * k for n, k in zip(lengths, per_token, strict=True)) / sum(lengths)
+    assert abs(expected - 0.5 * sum(per_token) / 4) > 1e-3  # the mean of the rows' means would be told apart
+    assert loss_d.item() - loss_g.item() == pytest.approx(expected, abs=1e-5)
 
 
 @pytest.mark.slow

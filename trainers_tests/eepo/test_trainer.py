@@ -11,6 +11,7 @@ from trl_variants.losses import unlearning_loss
 from ..helpers import (
     DEFAULT_MODEL_PATH,
     assert_exactly_grpo,
+    assert_same_rollout,
     fixed_batch,
     grpo_trainer,
     needs_continuous_batching,
@@ -51,6 +52,15 @@ def test_gate_off_is_exactly_grpo(tmp_path, loss_type):
     eepo = _eepo(tmp_path, loss_type=loss_type, entropy_gate="never")
     inputs, _ = fixed_batch(grpo)
     assert_exactly_grpo(grpo, eepo, inputs)
+
+
+def test_gate_off_rolls_out_exactly_as_grpo(tmp_path):
+    """The gate acts in the rollout (two half-size calls, the unlearning step, stage 2's old log-probs): with
+    ``entropy_gate="never"`` EEPO samples and scores the same rollout as GRPOTrainer from the same seed."""
+    grpo = grpo_trainer(tmp_path)
+    eepo = _eepo(tmp_path, entropy_gate="never")
+    assert_same_rollout(grpo, eepo)
+    assert not any(k.startswith("eepo/") and v for k, v in eepo._metrics["train"].items())
 
 
 @pytest.mark.parametrize("group", [4, 3])  # an odd G splits ceil(G/2) stage 1 + floor(G/2) stage 2

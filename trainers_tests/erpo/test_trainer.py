@@ -11,6 +11,7 @@ from trl_variants.presample import prompt_logps_from_ids
 from ..helpers import (
     DEFAULT_MODEL_PATH,
     assert_exactly_grpo,
+    assert_same_rollout,
     fixed_batch,
     grpo_trainer,
     loss_and_grads,
@@ -41,6 +42,28 @@ def test_both_parts_off_is_exactlygrpo_trainer(tmp_path, loss_type):
     assert erpo.ref_model is None and "ref_prompt_logp" not in erpo.train_dataset.column_names
     inputs, _ = fixed_batch(grpo)
     assert_exactly_grpo(grpo, erpo, inputs)
+
+
+def test_both_parts_off_rolls_out_exactly_as_grpo(tmp_path):
+    """The query weights act on the rollout's advantages, which a fixed batch never reaches: with both parts off
+    ERPO has no part and samples and scores the same rollout as GRPOTrainer from the same seed."""
+    grpo = grpo_trainer(tmp_path)
+    erpo = _erpo(tmp_path, use_query_weights=False, query_kl_coef=0.0)
+    assert erpo.parts == []
+    assert_same_rollout(grpo, erpo)
+
+
+def test_query_kl_estimator_k1_reaches_the_loss(tmp_path):
+    """``query_kl_estimator="k1"`` (eq. 11 literally): alpha * mean_rows(l_theta - l_ref) is added, not k3's value."""
+    alpha = 0.5
+    grpo = grpo_trainer(tmp_path)
+    erpo = _erpo(tmp_path, use_query_weights=False, query_kl_coef=alpha, query_kl_estimator="k1")
+    inputs, _ = fixed_batch(grpo)
+    offsets = torch.tensor([0.3, 0.3, -0.2, -0.2])  # d = l_ref - l_theta
+    erpo_inputs = dict(inputs, ref_prompt_logps=_plain_prompt_logps(erpo, inputs) + offsets)
+    loss_g, _ = loss_and_grads(grpo, inputs)
+    loss_e, _ = loss_and_grads(erpo, erpo_inputs)
+    assert loss_e.item() - loss_g.item() == pytest.approx(alpha * -sum(offsets.tolist()) / 4, abs=2e-5)  # -0.025
 
 
 @pytest.mark.parametrize("loss_type", PPO_FAMILY)
@@ -183,12 +206,12 @@ def test_gradient_accumulation_and_steps_per_generation(tmp_path):
     assert len(qkl) == 2 and all(math.isfinite(v) for v in qkl)
 
 
-@pytest.mark.slow
 def length_reward(completions, **kwargs):
     """Dense (never a zero-variance group in practice), so every step has non-zero advantages to train on."""
     return [len(c[0]["content"]) / 64 for c in completions]
 
 
+@pytest.mark.slow
 def test_peft_lora_trains_adapter_only(tmp_path):
     from peft import LoraConfig
 
