@@ -20,8 +20,8 @@
 #                                                     # machine lacks, and the project's own wheel, into DIR
 #   bash benchmarks/gpu_check.sh --wheels DIR         # there: install DIR's wheels (no index, no deps), then run
 #
-# Options: --out DIR (results go to DIR/results/gpu and runs to DIR/work; default: $OUT when set, else the
-# repository), --budget SECONDS (the whole run, the wheels' install included), --python PY (default python3), --only
+# Options: --out DIR (results go to DIR/results/gpu and runs to DIR/work; default: $OUT when set, then the runs go to
+# $TMPDIR and the results also to $OUT/gpu_check.tar.gz; else the repository), --budget SECONDS (the whole run, the wheels' install included), --python PY (default python3), --only
 # NAME[,NAME...] (those steps alone, e.g. bench_hf_generate), --reps N (the benchmarks' repetitions, default 1; their
 # time boxes grow with it), --variants "V1 V2 ..." (the benchmarks' variants of bench_trainers.py, default all six
 # below), --batch N (the benchmarks' completions per step, default 64; another N writes results/gpu/bench_*_bN.md
@@ -29,14 +29,14 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-DRY=0; WHEELS=""; FETCH=""; BUDGET=480; PY=python3; BASE=${OUT:-}; ONLY=""; REPS=1; VARIANTS=""; BATCH=64
+DRY=0; WHEELS=""; FETCH=""; BUDGET=480; PY=python3; BASE=${OUT:-}; FROM_OUT=${OUT:+1}; ONLY=""; REPS=1; VARIANTS=""; BATCH=64
 while [ $# -gt 0 ]; do
     case "$1" in
         --dry-run) DRY=1 ;;
         --wheels) WHEELS=$2; shift ;;
         --fetch-wheels) FETCH=$2; shift ;;
         --budget) BUDGET=$2; shift ;;
-        --out) BASE=$2; shift ;;
+        --out) BASE=$2; FROM_OUT=""; shift ;;
         --python) PY=$2; shift ;;
         --only) ONLY=$2; shift ;;
         --reps) REPS=$2; shift ;;
@@ -71,7 +71,9 @@ if [ -n "$FETCH" ]; then
 fi
 
 RESULTS=${BASE:+$BASE/}results/gpu
-WORK=${BASE:+$BASE/}work/gpu_check
+# under the device tool's $OUT only what is at most 2 folders down comes back: the runs' files stay in /tmp there, and
+# the results (the logs are 3 folders down) come back as one archive, $OUT/gpu_check.tar.gz
+if [ -n "$FROM_OUT" ]; then WORK=${TMPDIR:-/tmp}/gpu_check_work; else WORK=${BASE:+$BASE/}work/gpu_check; fi
 TRAIN="$PY -m trl_variants train"
 SMOKE_FLAGS="--use_cpu false --bf16 true --max_steps 4 --heldout_eval_steps 0 --embedded_train_size 256 --save_strategy no --report_to none --logging_steps 1"
 case $BATCH in ''|*[!0-9]*) echo "gpu_check: --batch takes a number of completions, got '$BATCH'" >&2; exit 2 ;; esac
@@ -148,7 +150,7 @@ if [ -z "$DEVICE" ]; then
     exit 1
 fi
 mkdir -p "$RESULTS" "$WORK/logs"
-rm -f "$WORK"/logs/*  # a report must not read an earlier run's logs
+rm -rf "$WORK"/logs/* "$WORK/cache"  # a report must not read an earlier run's logs, nor a step an earlier pass
 REPORT=$RESULTS/gpu_check.md
 VERSIONS=$("$PY" -c '
 import importlib.metadata as m
@@ -176,7 +178,9 @@ HAS_DEEPSPEED=0
 run_step() {
     local name=$1 box=$2 cmd=$3 t0=$SECONDS rc dt status
     echo "gpu_check: $name (up to ${box} s): $cmd"
-    timeout "$box" bash -c "$cmd" > "$WORK/logs/$name.log" 2>&1
+    # each step its own offline-pass cache: the smoke and ZeRO-2 runs of a method would share one key (same flags,
+    # same data) and the later one would read what the earlier wrote instead of making its own pass
+    TRL_VARIANTS_CACHE="$WORK/cache/$name" timeout "$box" bash -c "$cmd" > "$WORK/logs/$name.log" 2>&1
     rc=$?
     dt=$((SECONDS - t0))
     case $rc in
@@ -271,4 +275,5 @@ cat "$WORK"/logs/*.failure > "$RESULTS/gpu_check_failures.md" 2>/dev/null || rm 
 rm -f "$RESULTS/gpu_check_failures.md"
 mkdir -p "$RESULTS/logs"
 for f in "$WORK"/logs/*.log; do tail -n 200 "$f" > "$RESULTS/logs/$(basename "$f")"; done
-echo "gpu_check: wrote $REPORT ($((SECONDS - START)) s)"
+[ -z "$FROM_OUT" ] || tar -czf "$BASE/gpu_check.tar.gz" -C "$BASE" results/gpu
+echo "gpu_check: wrote $REPORT ($((SECONDS - START)) s)${FROM_OUT:+ and $BASE/gpu_check.tar.gz}"

@@ -2,6 +2,7 @@
 read it on the GPU machine (a typo in a flag would otherwise cost a session's device time)."""
 
 import importlib.util
+import os
 import shlex
 import subprocess
 from pathlib import Path
@@ -146,7 +147,8 @@ def _fake_python(tmp_path, deepspeed: bool):
                     '  *importlib.metadata*) echo "torch 0" ;;\n'
                     '  *zero2-eepo*) echo "{\'eepo/stage1_logp_change\': \'-0.15\', \'eepo/unlearning_step_kept\': \'nan\'}" ;;\n'
                     '  *smoke-eepo*) echo "{\'eepo/stage1_logp_change\': \'-0.2\', \'eepo/unlearning_step_kept\': \'1\'}" ;;\n'
-                    "esac\n")
+                    "esac\n"
+                    'echo "offline-pass cache: $TRL_VARIANTS_CACHE"\n')
     fake.chmod(0o755)
     return fake
 
@@ -171,3 +173,26 @@ def test_zero2_steps_run_beside_the_smoke_runs_or_say_why_not(tmp_path, deepspee
     assert ("smoke_eepo stage1_logp_change: -0.2 \nzero2_eepo stage1_logp_change: -0.15 " in report) == deepspeed
     assert ("smoke_eepo unlearning_step_kept: 1 \nzero2_eepo unlearning_step_kept: nan " in report) == deepspeed
     assert "-9.9" not in report and ("## EEPO's unlearning step" in report) == deepspeed
+
+
+def test_under_the_device_tools_out_each_step_has_its_own_cache_and_the_results_come_back_as_one_archive(tmp_path):
+    """With $OUT (the device tool's folder, of which only files 2 folders down come back) and no --out: the runs'
+    files stay in $TMPDIR, the results and their logs (3 folders down) come back as $OUT/gpu_check.tar.gz; each step
+    gets its own offline-pass cache (the smoke and ZeRO-2 runs of DPH-RL have the same pass key, and the later one
+    read the earlier one's pass instead of making its own)."""
+    import tarfile
+
+    out, tmp = tmp_path / "out", tmp_path / "tmp"
+    out.mkdir(), tmp.mkdir()
+    proc = subprocess.run(["bash", str(SCRIPT), "--python", str(_fake_python(tmp_path, True)), "--budget", "60",
+                           "--only", "smoke_dph,zero2_dph"], capture_output=True, text=True, cwd=ROOT,
+                          env=dict(os.environ, OUT=str(out), TMPDIR=str(tmp)))
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["gpu_check.tar.gz", "results"]
+    assert not (out / "work").exists() and (tmp / "gpu_check_work" / "logs" / "smoke_dph.log").exists()
+    with tarfile.open(out / "gpu_check.tar.gz") as archive:
+        names = set(archive.getnames())
+        assert {"results/gpu/gpu_check.md", "results/gpu/logs/smoke_dph.log", "results/gpu/logs/zero2_dph.log"} <= names
+        caches = {archive.extractfile(f"results/gpu/logs/{step}.log").read().decode().strip().splitlines()[-1]
+                  for step in ("smoke_dph", "zero2_dph")}
+    assert caches == {f"offline-pass cache: {tmp}/gpu_check_work/cache/{step}" for step in ("smoke_dph", "zero2_dph")}
