@@ -25,16 +25,18 @@ upgrade of TRL that documents another value fails ``trainers_tests/reliability/t
 
 
 def launch_processes() -> int:
-    """The process count of this launch, before the training arguments are parsed: accelerate's ``PartialState``
-    when it is already set up, else the launcher's environment (``WORLD_SIZE``, set by ``accelerate launch`` and
-    ``torchrun``; MPI's sizes), else 1. The configs' checks and the recipes' batch arithmetic
-    (``training.batch``) read it here; ``training.run`` checks it against the parsed ``world_size``."""
+    """The process count of this launch, before the training arguments are parsed: the launcher's environment
+    (``WORLD_SIZE``, set by ``accelerate launch``, ``torchrun`` and accelerate's notebook launcher; MPI's sizes), else
+    an accelerate ``PartialState`` already set up without a launcher, else 1. The configs' checks and the recipes'
+    batch arithmetic (``training.batch``) read it here; ``training.run`` checks it against the parsed
+    ``world_size``."""
     from accelerate import PartialState
     from accelerate.utils import get_int_from_env
 
-    if PartialState._shared_state:
-        return PartialState().num_processes
-    return get_int_from_env(["WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE"], 1)
+    processes = get_int_from_env(["WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE"], 0)
+    if processes:
+        return processes
+    return PartialState().num_processes if PartialState._shared_state else 1
 
 
 def _num(value) -> float:

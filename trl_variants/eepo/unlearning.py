@@ -52,8 +52,11 @@ def unlearning_gradient(trainer, model, u) -> tuple[list, list]:
     backward (else the gradient would stay unreduced in FSDP's own buffers and join the training step's)."""
     if not fsdp2_sharded(trainer):
         params = [p for p in model.parameters() if p.requires_grad]
-        return params, [g if g is None else trainer.accelerator.reduce(g, "sum")
-                        for g in torch.autograd.grad(u, params, allow_unused=True)]
+        grads = list(torch.autograd.grad(u, params, allow_unused=True))
+        if trainer.accelerator.num_processes > 1:  # Accelerate's reduce returns a copy (one process too: skipped)
+            for i, g in enumerate(grads):  # one parameter's copy at a time, not a second copy of every gradient
+                grads[i] = g if g is None else trainer.accelerator.reduce(g, "sum")
+        return params, grads
     held = {}
     for p in model.parameters():
         held[p], p.grad = p.grad, None

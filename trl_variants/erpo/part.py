@@ -29,7 +29,9 @@ from .reference import add_reference_prompt_logps
 # ------------------------------------------------------------------------- l_ref(s), once per dataset ---
 def provide_reference_prompt_logps(trainer, dataset, split: str):
     """``dataset`` with ``args.ref_prompt_logp_column`` = ``l_ref(s)``: the model as given (the frozen start), before
-    any update, through the same fused kernel that later yields ``l_theta(s)`` (so Query-KL is exactly 0 at step 0).
+    any update, through the same fused kernel that later yields ``l_theta(s)`` (so Query-KL is exactly 0 at step 0
+    where both are computed in the same precision; docs/algorithms.md says what bf16 training of a float32-loaded
+    policy starts from).
     A column already there (``trl-variants presample``, or the user's) is checked, not recomputed. A stream is read
     once (``_data.run_on_rows``)."""
     column = trainer.args.ref_prompt_logp_column

@@ -28,7 +28,8 @@ class EvalConfig:
         top_p, max_completion_length: sampling options.
         compute_entropy: mean token entropy of the sampled completions (one scoring forward pass).
         seed: base seed (each temperature and chunk derives its own).
-        generation_batch_size, logprob_batch_size: sequences per generate call / per scoring forward.
+        generation_batch_size, logprob_batch_size: sequences per generate call / per scoring forward (fewer where
+            a forward's logits would pass 2**28 values: long rows of a large vocabulary, ``presample.logprobs``).
         chunk_size: prompts per chunk, the unit of progress, of resume and of work sharing between processes (a
             chunk is seeded by its index: another chunk size gives other, equally valid samples).
         backend: ``"hf"`` (transformers generate) or ``"vllm"`` (an offline vLLM engine; needs the ``vllm`` extra
@@ -55,7 +56,8 @@ class EvalConfig:
     )
     seed: int = field(default=0, metadata={"help": "Base seed (each temperature and chunk derives its own)."})
     generation_batch_size: int = field(default=128, metadata={"help": "Sequences per generate call."})
-    logprob_batch_size: int = field(default=32, metadata={"help": "Sequences per scoring forward pass."})
+    logprob_batch_size: int = field(default=32, metadata={"help": "Sequences per scoring forward pass (fewer where their "
+                                                                         "logits would pass 2**28 values)."})
     chunk_size: int = field(
         default=64,
         metadata={"help": "Prompts per chunk: the unit of progress, of resume and of work sharing between processes "

@@ -18,14 +18,33 @@ def left_pad(rows: Sequence[Sequence[int]], pad_id: int):
     return ids, mask
 
 
+LOGITS_PER_FORWARD = 2**28
+"""At most this many logits (rows x positions x vocabulary) per scoring forward of :func:`token_logps`: its float32
+copies (log-softmax, and the entropy's) stay near 1 GiB each. Evaluation's default 32 rows of 4k tokens with
+Qwen2.5's 152k-token vocabulary would hold 80 GB in each copy, more than a GPU has."""
+
+
+def _vocab_size(model) -> int:
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    return head.weight.size(0) if head is not None else model.config.vocab_size
+
+
+def rows_per_forward(model, batch_size: int, width: int) -> int:
+    """``batch_size`` rows of ``width`` tokens, fewer (at least one) where their logits would pass
+    :data:`LOGITS_PER_FORWARD`."""
+    return max(1, min(batch_size, LOGITS_PER_FORWARD // max(1, (width - 1) * _vocab_size(model))))
+
+
 @torch.no_grad()
 def token_logps(model, input_ids, attention_mask, temperature: float = 1.0, batch_size: int = 8,
                 with_entropy: bool = False):
     """``log softmax(logits / temperature)`` of each next token: a ``(B, L - 1)`` tensor whose column ``t`` scores
     token ``t + 1``. Zero where the token or its predecessor is padding (so the first real token, which has no
-    prediction, is skipped). Uses the model's plain forward; rows are processed ``batch_size`` at a time.
+    prediction, is skipped). Uses the model's plain forward; rows are processed ``batch_size`` at a time, fewer
+    where a forward's logits would pass :data:`LOGITS_PER_FORWARD` (long sequences, large vocabularies).
     With ``with_entropy`` also returns the entropy of each predictive distribution (same shape)."""
     device = next(model.parameters()).device
+    batch_size = rows_per_forward(model, batch_size, input_ids.size(1))
     out, entropies = [], []
     was_training = model.training
     model.eval()
