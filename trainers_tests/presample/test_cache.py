@@ -69,6 +69,33 @@ def test_edited_reward_function_is_rescored_not_served_stale(tmp_path, prompts, 
     assert again["ref_rewards"] == second["ref_rewards"]
 
 
+REWARD_READING_SETTINGS = """
+SETTINGS = {"scale": 1.0, "names": {"a", "b"}}
+STARTED = %r  # read by nothing: a start time, a counter
+def my_reward(completions, **kw):
+    return [SETTINGS["scale"] for _ in completions]
+"""
+
+
+def test_module_data_the_reward_reads_keys_the_cache_and_data_it_does_not_read_does_not(
+        tmp_path, prompts, tiny_model, tiny_tokenizer):
+    """A settings dict edited between two runs made A*-PO's and DPH-RL's pass serve the first run's rewards (the key
+    held the module's code and its immutable constants only); a start time in the same module gave every run
+    another key, so a resumed run sampled its pass again."""
+    module = _reward_module(tmp_path, REWARD_READING_SETTINGS % 1.0)
+    first_key = reward_fingerprint(module.my_reward)
+    first = presample(tiny_model, tiny_tokenizer, prompts, module.my_reward, _config(tmp_path))
+    assert {r for rs in first["ref_rewards"] for r in rs} == {1.0}
+    module.SETTINGS["scale"] = 0.5
+    assert reward_fingerprint(module.my_reward) not in (None, first_key)
+    second = presample(tiny_model, tiny_tokenizer, prompts, module.my_reward, _config(tmp_path))
+    assert {r for rs in second["ref_rewards"] for r in rs} == {0.5}
+    restarted = _reward_module(tmp_path, REWARD_READING_SETTINGS % 2.0)  # another start time, same settings
+    assert reward_fingerprint(restarted.my_reward) == first_key
+    restarted.SETTINGS["scale"] = print  # not plain data: no key, the pass re-scores
+    assert reward_fingerprint(restarted.my_reward) is None
+
+
 def test_unfingerprintable_reward_reuses_samples_and_rescores(tmp_path, prompts, tiny_model, tiny_tokenizer,
                                                               monkeypatch):
     scale = {"value": 1.0}

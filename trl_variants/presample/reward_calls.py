@@ -9,6 +9,7 @@ import hashlib
 import inspect
 import json
 import math
+import re
 import sys
 from importlib import metadata
 
@@ -107,29 +108,63 @@ def _code_bytes(code) -> bytes:
                                                  code.co_kwonlyargcount)).encode()])
 
 
-def _code_digest(namespace: dict) -> str:
+def _names_read(code) -> set[str]:
+    """The global (and attribute) names a code object and the functions nested in it read."""
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if inspect.iscode(const):
+            names |= _names_read(const)
+    return names
+
+
+def _plain_data(obj) -> str | None:
+    """A module-level container as JSON (keys sorted, sets as sorted lists), or None where it holds other things."""
+    def as_list(value):
+        if isinstance(value, set | frozenset):
+            return sorted(value, key=repr)
+        raise TypeError(type(value).__name__)
+
+    try:
+        return json.dumps(obj, sort_keys=True, default=as_list)
+    except (TypeError, ValueError):
+        return None
+
+
+def _code_digest(namespace: dict) -> str | None:
     """A hash of the code that runs, not of the file on disk (which may have been edited since the import): the
-    compiled code of every function and method the module namespace defines, their defaults, and its plain
-    constants."""
+    compiled code of every function and method the module namespace defines, their defaults, and the module-level
+    data that code reads, as it is now: constants, compiled patterns, and containers (a settings dict edited between
+    two runs is another key; one the code does not read, such as a start time, changes nothing). None where the code
+    reads a module-level container that is not plain data: its values cannot be keyed."""
     h = hashlib.sha256()
-    module_name = namespace.get("__name__")
+    module_name, read = namespace.get("__name__"), set()
     for name, obj in sorted(namespace.items()):
         if inspect.isfunction(obj) and obj.__module__ == module_name:
             h.update(name.encode() + _code_bytes(obj.__code__) + repr(obj.__defaults__).encode())
+            read |= _names_read(obj.__code__)
         elif inspect.isclass(obj) and obj.__module__ == module_name:
             for attr, member in sorted(vars(obj).items()):
                 if inspect.isfunction(member):
                     h.update(f"{name}.{attr}".encode() + _code_bytes(member.__code__))
-        elif isinstance(obj, int | float | str | bool | bytes | tuple | frozenset | type(None)):
+                    read |= _names_read(member.__code__)
+    for name in sorted(read & namespace.keys()):
+        obj = namespace[name]
+        if isinstance(obj, int | float | str | bool | bytes | tuple | frozenset | re.Pattern | type(None)):
             h.update(f"{name}={obj!r}".encode())
+        elif isinstance(obj, dict | list | set):
+            data = _plain_data(obj)
+            if data is None:
+                return None
+            h.update(f"{name}={data}".encode())
     return h.hexdigest()
 
 
 def reward_fingerprint(func) -> str | None:
     """A hash of everything that decides a reward function's values: the compiled code of the module defining it
-    (its helpers and constants included), its qualified name, its plain-data state, and the versions of Python and
-    of the scoring packages. ``None`` when it cannot be fingerprinted (a lambda or closure, a model, state that is
-    not plain data): the pass then re-scores the cached completions on every call instead of trusting them."""
+    (its helpers included) and the module-level data that code reads, its qualified name, its plain-data state, and
+    the versions of Python and of the scoring packages. ``None`` when it cannot be fingerprinted (a lambda or
+    closure, a model, state or module-level containers that are not plain data): the pass then re-scores the cached
+    completions on every call instead of trusting them."""
     if isinstance(func, CheckedReward):  # a trainer's checked wrapper: the function it calls decides the values
         return reward_fingerprint(func.__wrapped__)
     if isinstance(func, torch.nn.Module):
@@ -158,5 +193,8 @@ def reward_fingerprint(func) -> str | None:
             versions[pkg] = metadata.version(pkg)
         except metadata.PackageNotFoundError:
             versions[pkg] = None
-    payload = json.dumps([namespace["__name__"], qualname, _code_digest(namespace), state, versions], sort_keys=True)
+    code = _code_digest(namespace)
+    if code is None:
+        return None
+    payload = json.dumps([namespace["__name__"], qualname, code, state, versions], sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
