@@ -92,3 +92,17 @@ def test_apo_refuses_presampled_data_with_other_sampling_options(tmp_path, optio
     trainer_kw[option] = dataset_value  # the same options: accepted, nothing is sampled again
     apo = _trainer(APOTrainer, APOConfig, tmp_path, presampled, **trainer_kw)
     assert apo.train_dataset["ref_value"] == presampled["ref_value"]
+
+
+def test_an_evaluation_before_training_returns_its_own_metrics_and_the_pass_logs_with_the_first_step(tmp_path):
+    """``evaluate()`` before ``train()`` returned the offline pass's numbers among its metrics (unprefixed), and the
+    training log never had them; GRPOTrainer's evaluate returns eval_ metrics and the epoch."""
+    from .helpers import small_trainer
+
+    trainer = small_trainer("erpo", tmp_path, max_steps=1, logging_steps=1,
+                            trainer_kwargs={"eval_dataset": train_dataset(4, seed=1)})
+    metrics = trainer.evaluate()
+    assert metrics and all(k.startswith("eval_") or k == "epoch" for k in metrics), sorted(metrics)
+    trainer.train()
+    first = trainer.state.log_history[0]  # train() starts a new history
+    assert "offline_pass/seconds" in first and "loss" in first

@@ -242,9 +242,10 @@ class OfflinePassLogMixin:
                               **{f"offline_pass/{k}": float(v) for k, v in numbers.items()}}
 
     def log(self, logs, start_time=None):
-        # in place, after the caller's keys: ``evaluate`` returns the dict it logs, and GRPOTrainer tells an eval log
-        # by its first key ("eval_...") and adds its eval metrics to that same dict
-        if self._offline_logs:
+        # into the first training log, in place, after the caller's keys. Not into an eval log (an ``evaluate()``
+        # before ``train()``): ``evaluate`` returns the dict it logs, whose keys are its own; GRPOTrainer tells an
+        # eval log by its first key ("eval_...") and adds its eval metrics to that same dict
+        if self._offline_logs and not next(iter(logs), "").startswith("eval_"):
             logs.update(self._offline_logs)
             self._offline_logs = None
         return super().log(logs, start_time)
