@@ -86,6 +86,59 @@ def refuse_inert(config, why: dict[str, str]) -> None:
         raise ValueError(f"{type(config).__name__}: " + "; ".join(unused))
 
 
+_KINDS = {"int": "an integer", "float": "a number", "bool": "True or False"}
+
+
+def _declared_kind(annotation) -> str | None:
+    """"int", "float" or "bool" where a field is declared as that type (or it or None), else None."""
+    text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", None) or str(annotation)
+    text = text.removeprefix("typing.")
+    if text.startswith("Optional[") and text.endswith("]"):
+        text = text[len("Optional["):-1]
+    text = text.removesuffix(" | None").removeprefix("None | ")
+    return text if text in _KINDS else None
+
+
+def _declaring_module(config, name: str) -> str:
+    """The module of the class that declares (or re-declares) field ``name``, the most derived first."""
+    for cls in type(config).__mro__:
+        if name in vars(cls).get("__annotations__", {}):
+            return cls.__module__
+    return ""
+
+
+def _check_types(config, bad) -> None:
+    """Every field TRL's ``GRPOConfig`` or a method's config declares ``int``, ``float`` or ``bool`` holds one.
+    A dataclass takes any value: ``dph_coef="0.2"`` passed the whole offline pass and failed in the first loss,
+    ``num_presamples=2.0`` inside the pass's generation, ``entropy_threshold="0.3"`` at the first rollout, and
+    ``use_query_weights="false"`` is true. numpy's numbers are numbers. Fields only transformers'
+    ``TrainingArguments`` declares are left to it: its ``__post_init__`` stores strings in some of its own
+    (``include_num_input_tokens_seen="no"``), which a config built again from a built one holds."""
+    import dataclasses
+    import numbers
+
+    for f in dataclasses.fields(config):
+        kind, value = _declared_kind(f.type), getattr(config, f.name, None)
+        if kind is None or value is None or _declaring_module(config, f.name).startswith("transformers"):
+            continue
+        if kind == "bool":
+            ok = not isinstance(value, str)
+        elif isinstance(value, bool):
+            ok = False
+        else:
+            ok = isinstance(value, numbers.Integral if kind == "int" else numbers.Real)
+        if ok:
+            continue
+        if isinstance(value, str):
+            fix = ("pass a number, not a string (YAML reads 1e-6, without a dot, as a string: write 1.0e-6)"
+                   if kind != "bool" else "pass True or False, not a string (the string 'false' is true)")
+        elif kind == "int" and isinstance(value, float) and value.is_integer():
+            fix = f"pass the whole number {int(value)}"
+        else:
+            fix = f"pass {_KINDS[kind]}"
+        bad(f.name, value, f"{_KINDS[kind]} ({type(value).__name__} given)", fix)
+
+
 def _check_batch_fields(config, bad) -> None:
     """Batch sizes below 1 passed GRPOConfig's divisibility checks (0 % G == 0) and failed inside ``train()`` (the
     sampler's "batch_size should be a positive integer"), or in A*-PO's ``__init__`` with a ZeroDivisionError."""
@@ -125,6 +178,7 @@ def check_common(config) -> None:
     def bad(field: str, value, want: str, fix: str):
         raise ValueError(f"{name}.{field} must be {want}, got {value!r}: {fix}")
 
+    _check_types(config, bad)
     _check_batch_fields(config, bad)
     t = config.temperature
     if not (math.isfinite(_num(t)) and _num(t) > 0):

@@ -170,6 +170,19 @@ def test_config_validation():
     assert DPHConfig(per_device_train_batch_size=16, **common).pef_batch_size == 2  # 1 : 8
 
 
+def test_correctness_reward_may_be_the_function_itself():
+    """A TRL user passes reward functions, not names: the function was refused with "is not one of the reward
+    functions ['accuracy_reward', 'format_reward']" although it was; it is stored as the name TRL gives it."""
+    import functools
+
+    from trl_variants import format_reward
+
+    common = dict(output_dir="x", use_cpu=True, bf16=False)
+    assert DPHConfig(correctness_reward=format_reward, **common).correctness_reward == "format_reward"
+    assert DPHConfig(correctness_reward=functools.partial(format_reward), **common).correctness_reward == "format_reward"
+    assert DPHConfig(correctness_reward="format_reward", **common).correctness_reward == "format_reward"
+
+
 @pytest.mark.slow
 def test_end_to_end_train_save_resume_continues_pef_stream(tmp_path):
     out = tmp_path / "run"

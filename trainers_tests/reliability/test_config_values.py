@@ -111,6 +111,37 @@ def test_a_method_coefficient_that_is_nan_or_infinite_is_refused(config_cls, fie
         _config(config_cls, tmp_path, **{field: value})
 
 
+@pytest.mark.parametrize("config_cls,field,value,message", [
+    # each failed only after the offline pass or at the first rollout or loss, with a bare TypeError
+    (DPHConfig, "dph_coef", "0.2", "DPHConfig.dph_coef must be a number (str given), got '0.2': pass a number, "
+                                   "not a string (YAML reads 1e-6"),
+    (DPHConfig, "num_presamples", 8.0, "DPHConfig.num_presamples must be an integer (float given), got 8.0: pass "
+                                       "the whole number 8"),
+    (EEPOConfig, "entropy_threshold", "0.3", "EEPOConfig.entropy_threshold must be a number (str given)"),
+    (EEPOConfig, "entropy_window", 2.5, "EEPOConfig.entropy_window must be an integer (float given), got 2.5: pass "
+                                        "an integer"),
+    (APOConfig, "value_beta", "0.5", "APOConfig.value_beta must be a number (str given)"),
+    (ERPOConfig, "use_query_weights", "false", "ERPOConfig.use_query_weights must be True or False (str given), got "
+                                               "'false': pass True or False, not a string (the string 'false' is true)"),
+    (ERPOConfig, "query_kl_coef", True, "ERPOConfig.query_kl_coef must be a number (bool given)"),
+    # GRPOConfig's own: TRL takes them and fails at the first step
+    (ERPOConfig, "learning_rate", "1e-6", "ERPOConfig.learning_rate must be a number (str given)"),
+    (ERPOConfig, "num_generations", 2.0, "ERPOConfig.num_generations must be an integer (float given), got 2.0: "
+                                         "pass the whole number 2"),
+])
+def test_a_value_of_another_type_than_the_field_is_refused_naming_it(config_cls, field, value, message, tmp_path):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        _config(config_cls, tmp_path, **{field: value})
+
+
+def test_numpy_numbers_and_ints_for_floats_are_numbers(tmp_path):
+    import numpy as np
+
+    config = _config(EEPOConfig, tmp_path, entropy_threshold=np.float32(0.3), entropy_window=np.int64(4),
+                     unlearning_lr=1, learning_rate=np.float64(1e-6))
+    assert config.entropy_window == 4 and config.unlearning_lr == 1
+
+
 def test_an_alpha_divergence_with_no_alpha_is_refused(tmp_path):
     with pytest.raises(ValueError, match=r"DPHConfig\.divergence_alpha must be a number and finite, got nan"):
         _config(DPHConfig, tmp_path, divergence="alpha", divergence_alpha=NAN)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .._config_checks import check_common, check_number, refuse_inert
-from .._validation import check_cache_dir
+from .._validation import check_cache_dir, reward_func_names
 from ..dapo.config import DynamicSamplingConfig
 from ..losses import DIVERGENCES
 
@@ -37,8 +37,9 @@ class DPHConfig(DynamicSamplingConfig):
             every term on the rollouts, whatever the order of the parts.
         num_presamples (`int`, defaults to `8`): k, reference samples per prompt in the offline pass.
         pef_threshold (`int`, defaults to `8`): a prompt with at least this many correct of k goes to D_pef.
-        correctness_reward (`str`, *optional*): the name of the reward function that decides whether a reference
-            sample is correct (its own value, not the weighted sum). Default: ``accuracy_reward`` when it is one of
+        correctness_reward (`str` or the reward function, *optional*): the name of the reward function that decides
+            whether a reference sample is correct (its own value, not the weighted sum); the function itself is
+            stored as its name. Default: ``accuracy_reward`` when it is one of
             the reward functions, else the only reward function; with several and none of them ``accuracy_reward``
             the trainer asks you to name one. A format reward must not make a wrong answer "correct".
         correctness_threshold (`float`, defaults to `1.0`): a sample is correct when that function's reward is at
@@ -106,6 +107,10 @@ class DPHConfig(DynamicSamplingConfig):
     def _check_dph_options(self) -> None:
         """DPH-RL's own checks (a ComposedConfig runs them when its parts hold dph_rehearsal)."""
         check_cache_dir(self.presample_cache_dir, type(self).__name__, "presample_cache_dir")
+        if self.correctness_reward is not None and not isinstance(self.correctness_reward, str):
+            # the reward function itself, as reward_funcs takes it: the name TRL gives it (a str keeps the config
+            # JSON for checkpoints and the Hub)
+            self.correctness_reward = reward_func_names([self.correctness_reward])[0]
         if self.divergence not in DIVERGENCES:
             raise ValueError(f"divergence must be one of {DIVERGENCES}, got {self.divergence!r}")
         if self.divergence == "alpha":
