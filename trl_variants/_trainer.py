@@ -28,7 +28,8 @@ def resolve_config(model, args, config_cls, suffix: str):
         name = model if isinstance(model, str) else model.config._name_or_path
         return config_cls(f"{str(name).rstrip('/').split('/')[-1]}-{suffix}")
     if not isinstance(args, config_cls):
-        raise TypeError(f"args must be a {config_cls.__name__}, got {type(args).__name__}: build one with "
+        article = "an" if config_cls.__name__[0] in "AEIOU" else "a"
+        raise TypeError(f"args must be {article} {config_cls.__name__}, got {type(args).__name__}: build one with "
                         f"{config_cls.__name__}(...)")
     return args
 

@@ -124,9 +124,10 @@ def test_binary_reward_warning(tmp_path):
     def half_reward(completions, **kw):
         return [0.5] * len(completions)
 
-    apo = APOTrainer(model=DEFAULT_MODEL_PATH, reward_funcs=half_reward,
-                     args=small_config(APOConfig, tmp_path, num_value_samples=2,
-                                       presample_cache_dir=str(tmp_path / "c")), train_dataset=train_dataset(8))
+    with pytest.warns(UserWarning, match=r"binary rewards.*stage 1's reference samples got \[0\.5\], and V_hat"):
+        apo = APOTrainer(model=DEFAULT_MODEL_PATH, reward_funcs=half_reward,
+                         args=small_config(APOConfig, tmp_path, num_value_samples=2,
+                                           presample_cache_dir=str(tmp_path / "c")), train_dataset=train_dataset(8))
     apo.model.train()
     with pytest.warns(UserWarning, match="binary rewards"):
         apo._generate_and_score_completions([dict(apo.train_dataset[i]) for i in range(8)])

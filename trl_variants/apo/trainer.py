@@ -129,6 +129,7 @@ class APOTrainer(TrainerBase):
             self.ref_model = frozen_copy_of_policy(self)
         self._lazy = None
         self._policy_updated = False  # set by the first training step (and kept when train() is called again)
+        self._warned_non_binary = self._warned_non_binary_values = False  # check_binary_rewards: rollouts, stage 1
         with self.offline_pass():  # a stream is read once, in full, then streams with its values looked up
             if self._runs_lazily(train_dataset):
                 self.train_dataset = self._lazy_setup(train_dataset)
@@ -136,7 +137,6 @@ class APOTrainer(TrainerBase):
                 self.train_dataset = run_on_rows(train_dataset, self._with_values, ["ref_value"],
                                                  "A*-PO's stage 1")[0]
             self.prepare_eval_datasets()
-        self._warned_non_binary = False
 
     # ---------------------------------------------------------------------------------- stage 1 (offline) ---
     def _value_pass(self, dataset, shards=None):
@@ -206,9 +206,21 @@ class APOTrainer(TrainerBase):
         return run_on_rows(dataset, lambda rows: self._with_valued_prompts(self._value_pass(rows), "evaluation"),
                            ["ref_value"], "A*-PO's stage 1")[0]
 
+    def _warn_non_binary_values(self, rewards_per_prompt) -> None:
+        """``check_binary_rewards`` for stage 1: V_hat made of rewards outside {0, 1} (once a run; the rollouts'
+        are checked on their own in :meth:`_generate_and_score_completions`)."""
+        if not self.args.check_binary_rewards or self._warned_non_binary_values:
+            return
+        odd = sorted({r for rs in rewards_per_prompt for r in rs if math.isfinite(r) and r not in (0.0, 1.0)})
+        if odd:
+            warnings.warn("A*-PO assumes binary rewards in {0, 1} (V_hat's limits and the paper's analysis); stage 1's "
+                          f"reference samples got {odd[:5]}, and V_hat(x) was computed from them", stacklevel=3)
+            self._warned_non_binary_values = True
+
     def _with_values(self, dataset):
         args = self.args
         dataset = self._value_pass(dataset)
+        self._warn_non_binary_values(dataset["ref_rewards"])
         self.defer_log(summarize(dataset, args.correctness_threshold))  # before any prompt is left out
         dataset = self._with_valued_prompts(dataset, "training")
         if args.filter_all_incorrect:
@@ -304,6 +316,7 @@ class APOTrainer(TrainerBase):
             finally:
                 self.args.report_to = report_to
             lazy.add(shards, chunk, self.state.global_step, time.perf_counter() - start)
+            self._warn_non_binary_values(chunk["ref_rewards"])
             self.defer_log(lazy.metrics(self.args.correctness_threshold))
             if not any(math.isfinite(v) for v in lazy.values.values()):  # as the full pass: broken rewards
                 raise ValueError(f"no prompt has a value estimate: every reference sample of the {len(lazy.values)} "
