@@ -153,6 +153,24 @@ def test_js_definition_terms_hand_computed():
     torch.testing.assert_close(policy_side, torch.tensor([0.0, math.log(2 / 1.5), math.log(0.5 / 0.75)]))
 
 
+@pytest.mark.parametrize("theta", [[2.0, 0.0, -1.0], [-1.0, 0.5, 0.3], [0.0, 0.0, 0.0]])
+def test_kl_to_the_mixture_on_the_policys_own_samples_has_the_divergences_gradient(theta):
+    """App. F's beta1 * KL(pi || M) on D_exp, estimated on tokens sampled from pi: the expected gradient of the loss
+    (exact expectation over a 3-token softmax) is the gradient of KL(pi || M) itself, computed here from its
+    definition. Backpropagating the per-token value alone pointed the other way at theta = [2, 0, -1]."""
+    ref = torch.tensor([0.5, 0.2, 0.3])
+    theta = torch.tensor(theta, requires_grad=True)
+    pi = torch.softmax(theta, 0)
+    mixture = (pi + ref) / 2
+    (truth,) = torch.autograd.grad((pi * (pi.log() - mixture.log())).sum(), theta)
+    logps = torch.log_softmax(theta, 0)
+    _, per_token = losses.js_definition_terms(logps - ref.log())
+    loss = losses.on_policy_sample_loss(per_token, logps)
+    torch.testing.assert_close(loss, per_token)  # the same values: what is logged and summed does not change
+    (expected,) = torch.autograd.grad((pi.detach() * loss).sum(), theta)  # E_{x ~ pi}[grad loss(x)]
+    torch.testing.assert_close(expected, truth, rtol=1e-5, atol=1e-7)
+
+
 # ------------------------------------------------------------------------------------- low-precision inputs ---
 def _bf16(*values):
     return torch.tensor(values, dtype=torch.bfloat16)

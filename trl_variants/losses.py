@@ -196,6 +196,19 @@ def js_definition_terms(log_ratio: torch.Tensor) -> tuple[torch.Tensor, torch.Te
     return -log_half_sum, log_ratio - log_half_sum
 
 
+def on_policy_sample_loss(values: torch.Tensor, policy_logps: torch.Tensor) -> torch.Tensor:
+    """A per-token divergence estimate on tokens sampled from the policy itself, as a loss whose expected gradient is
+    the divergence's: ``values + values.detach() * (logp - logp.detach())``, the same values, with the
+    score-function term ``values * grad log pi`` that backpropagating ``values`` alone leaves out (the tokens'
+    probability of being sampled depends on theta too). For ``KL(pi || M)`` (App. F, eq. 15) the left-out term is
+    what pulls pi toward pi_ref: without it the expected gradient pointed away (a 3-token softmax, theta = [2, 0, -1],
+    uniform pi_ref: [-0.066, 0.044, 0.022] against the true [0.099, -0.052, -0.048]). Per token, given the prefix
+    (as ``u`` is per token); a token's effect on the later tokens' terms is not credited. Samples from a fixed
+    distribution (pi_ref, D_pef) need no such term."""
+    policy_logps = at_least_float32(policy_logps)
+    return values + values.detach() * (policy_logps - policy_logps.detach())
+
+
 # ---------------------------------------------------------------------------------------------------- A*-PO ---
 def optimal_value(rewards: torch.Tensor, beta: float) -> torch.Tensor:
     """A*-PO optimal value estimate, eq. (1) with N samples from pi_ref:

@@ -170,6 +170,16 @@ def test_config_validation():
     assert DPHConfig(per_device_train_batch_size=16, **common).pef_batch_size == 2  # 1 : 8
 
 
+@pytest.mark.parametrize(("divergence", "eta"), [("js", 0.2), ("forward_kl", 0.01), ("alpha", 0.01),
+                                                   ("forward_kl_k3", 0.01), ("reverse_kl", 0.01)])
+def test_eta_defaults_to_the_papers_value_for_the_divergence(divergence, eta):
+    """Table 6: eta 0.2 for DPH-JS, 0.01 for DPH-F and the alpha-divergence (a fixed 0.2 was 20 times the paper's
+    for forward-KL); a value given is kept."""
+    common = dict(output_dir="x", use_cpu=True, bf16=False)
+    assert DPHConfig(divergence=divergence, **common).dph_coef == eta
+    assert DPHConfig(divergence=divergence, dph_coef=0.3, **common).dph_coef == 0.3
+
+
 def test_correctness_reward_may_be_the_function_itself():
     """A TRL user passes reward functions, not names: the function was refused with "is not one of the reward
     functions ['accuracy_reward', 'format_reward']" although it was; it is stored as the name TRL gives it."""
@@ -242,12 +252,22 @@ def test_definition_form_js_is_a_token_mean_over_the_rollouts(tmp_path):
     ref = current - torch.tensor(shifts)[:, None]
     lengths = inputs["completion_mask"].sum(1).tolist()
     assert len(set(lengths)) > 1
-    loss_g, _ = loss_and_grads(grpo, inputs)
-    loss_d, _ = loss_and_grads(dph, dict(inputs, ref_per_token_logps=ref))
+    loss_g, grads_g = loss_and_grads(grpo, inputs)
+    loss_d, grads_d = loss_and_grads(dph, dict(inputs, ref_per_token_logps=ref))
     per_token = [c - math.log((1 + math.exp(c)) / 2) for c in shifts]  # KL(pi || M) at log u = c
     expected = 0.5 * sum(n * k for n, k in zip(lengths, per_token, strict=True)) / sum(lengths)
     assert abs(expected - 0.5 * sum(per_token) / 4) > 1e-3  # the mean of the rows' means would be told apart
     assert loss_d.item() - loss_g.item() == pytest.approx(expected, abs=1e-5)
+    # its gradient, on the policy's own samples: d/dlog pi of the per-token value, 1 / (1 + u), plus the
+    # score-function term, the value itself (losses.on_policy_sample_loss), each token weighted 0.5 / tokens
+    weights = torch.tensor([1 / (1 + math.exp(c)) + k for c, k in zip(shifts, per_token, strict=True)])[:, None]
+    weights = 0.5 * weights * inputs["completion_mask"] / sum(lengths)
+    dph.model.zero_grad(set_to_none=True)
+    logps, _, _ = dph._get_per_token_logps_and_entropies(dph.model, ids, attn, inputs["completion_ids"].size(1))
+    (weights * logps).sum().backward()
+    for name, p in dph.model.named_parameters():
+        # the fused LM-head kernel against autograd through it: ~1e-4 relative (test_query_kl_adds_alpha_times_k3)
+        torch.testing.assert_close(grads_d[name] - grads_g[name], p.grad, rtol=1e-3, atol=1e-6, msg=name)
 
 
 @pytest.mark.slow

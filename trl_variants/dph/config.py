@@ -28,8 +28,9 @@ class DPHConfig(DynamicSamplingConfig):
         divergence (`str`, defaults to `"js"`):
             ``forward_kl``, ``reverse_kl``, ``js``, ``alpha`` or ``forward_kl_k3`` (see ``losses.f_divergence``).
         divergence_alpha (`float`, defaults to `0.2`): the alpha of the alpha-divergence.
-        dph_coef (`float`, defaults to `0.2`): eta, weight of the D_pef term (paper: 0.2 for JS, 0.01 for
-            forward-KL and alpha-divergence).
+        dph_coef (`float`, *optional*): eta, weight of the D_pef term. Default: the paper's for the divergence
+            (Table 6): 0.2 for ``js``, 0.01 for ``forward_kl`` and ``alpha`` (and for ``forward_kl_k3`` and
+            ``reverse_kl``, which the paper does not train with).
         loss_combination (`str`, defaults to `"sum"`): how the trainer combines the loss of each batch (the parts
             return named terms; docs/parts.md). ``"sum"``: ``L_exp + eta * L_pef`` (eq. 7), each a mean over its own
             subset; ``"count_weighted"``: ``(n_exp L_exp + eta n_pef L_pef) / (n_exp + n_pef)`` with n the rows of
@@ -69,7 +70,8 @@ class DPHConfig(DynamicSamplingConfig):
 
     divergence: str = field(default="js", metadata={"help": f"One of {DIVERGENCES}.", "choices": list(DIVERGENCES)})
     divergence_alpha: float = field(default=0.2, metadata={"help": "alpha of the alpha-divergence."})
-    dph_coef: float = field(default=0.2, metadata={"help": "eta: weight of the D_pef divergence term."})
+    dph_coef: float | None = field(default=None, metadata={
+        "help": "eta: weight of the D_pef divergence term (default: 0.2 for js, 0.01 for the other divergences)."})
     loss_combination: str = field(default="sum", metadata={"help": "'sum' (eq. 7) or 'count_weighted'.",
                                                            "choices": ["sum", "count_weighted"]})
     num_presamples: int = field(default=8, metadata={"help": "k: reference samples per prompt."})
@@ -113,6 +115,8 @@ class DPHConfig(DynamicSamplingConfig):
             self.correctness_reward = reward_func_names([self.correctness_reward])[0]
         if self.divergence not in DIVERGENCES:
             raise ValueError(f"divergence must be one of {DIVERGENCES}, got {self.divergence!r}")
+        if self.dph_coef is None:  # Table 6: eta 0.2 for DPH-JS, 0.01 for DPH-F and the alpha-divergence
+            self.dph_coef = 0.2 if self.divergence == "js" else 0.01
         if self.divergence == "alpha":
             check_number(self, "divergence_alpha", fix="the alpha of the alpha-divergence, 0.2 by default")
             if self.divergence_alpha in (0.0, 1.0):
@@ -123,7 +127,8 @@ class DPHConfig(DynamicSamplingConfig):
                                                     f"{self.divergence!r}): set divergence='alpha' or drop it"})
         if self.loss_combination not in ("sum", "count_weighted"):
             raise ValueError(f"loss_combination must be 'sum' or 'count_weighted', got {self.loss_combination!r}")
-        check_number(self, "dph_coef", low=0, label="(eta)", fix="it weighs the D_pef divergence; 0.2 in the paper")
+        check_number(self, "dph_coef", low=0, label="(eta)", fix="it weighs the D_pef divergence; the paper's 0.2 for js, "
+                     "0.01 for the others")
         check_number(self, "correctness_threshold", fix="a reference sample is correct when its reward is at least "
                      "this; 1.0 for accuracy_reward")
         if self.num_presamples < 1 or not 1 <= self.pef_threshold <= self.num_presamples:

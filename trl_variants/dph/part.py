@@ -232,6 +232,7 @@ class Rehearsal(Part):
         terms = {}
         if self.definition:  # + beta1 * KL(pi || M) on D_exp rollouts (App. F)
             _, policy_side = losses.js_definition_terms(forward.completion_logps - inputs["ref_per_token_logps"])
+            policy_side = losses.on_policy_sample_loss(policy_side, forward.completion_logps)  # rollouts are pi's
             kl = trainer.global_token_mean(policy_side, inputs["completion_mask"])
             metrics["dph/js_exp_term"].append(gather(kl.detach()).mean().item())
             terms["dph_js_exp"] = trainer.js_beta1 * kl
