@@ -1,5 +1,6 @@
 """Model cards: every trainer's card names its paper (arXiv link when there is one), carries the method's and GRPO's
-citations, and names a local base model by its path (TRL 1.16 renders "[None]" for a local directory)."""
+citations (and those of the parts it runs), and names a local base model by its directory's last part (TRL 1.16
+renders "[None]" for a local directory)."""
 
 from __future__ import annotations
 
@@ -28,7 +29,9 @@ def test_card_links_paper_and_names_local_base_model(tmp_path, method):
     card = (out / "README.md").read_text()
     title = trainer._paper["title"]
     assert "[None]" not in card and "huggingface.co/None" not in card
-    assert f"fine-tuned version of the local model `{DEFAULT_MODEL_PATH}`" in card
+    assert "fine-tuned version of the tiny default model shipped with trl-variants (`tiny`)" in card
+    assert str(DEFAULT_MODEL_PATH) not in card  # a local path names a user and a machine
+    assert 'model="tiny-' + method + '"' in card and 'model="None"' not in card  # the quick start's id
     assert f"This model was trained with {trainer._name}, a method introduced in" in card
     assert title in card
     if arxiv_id:
@@ -46,3 +49,44 @@ def test_fix_model_card_hub_id_untouched_and_missing_path():
     assert fix_model_card(hub, "org/m", "X", paper) == hub
     unnamed = fix_model_card("version of [None](https://huggingface.co/None).", None, "X", paper)
     assert unnamed == "version of a model whose config records no name or path."
+
+
+def test_a_composed_card_cites_and_tags_the_methods_its_parts_come_from_and_names_them(tmp_path):
+    """It cited ERPO, DPH-RL and EEPO whatever its parts, never DAPO, and had no method tag."""
+    from trl_variants import ComposedConfig, ComposedTrainer, accuracy_reward
+
+    from .helpers import DEFAULT_MODEL_PATH as PATH
+    from .helpers import small_config
+
+    out = tmp_path / "out"
+    trainer = ComposedTrainer(model=PATH, reward_funcs=accuracy_reward, train_dataset=train_dataset(8),
+                              args=small_config(ComposedConfig, out, parts=["erpo_query_kl", "dapo_dynamic_sampling"],
+                                                max_completion_length=8))
+    trainer.create_model_card(model_name="tiny-composed", dataset_name=str(tmp_path))  # a local dataset
+    card = (out / "README.md").read_text()
+    assert "@misc{erpo2025," in card and "@article{yu2025dapo," in card and "@article{shao2024deepseekmath," in card
+    assert "li2025choice" not in card and "chen2025eepo" not in card
+    assert card.index("yu2025dapo") < card.index("shao2024deepseekmath")  # GRPO's stays last
+    header = card.split("---")[1]
+    assert "- erpo" in header and "- dapo" in header and "- trl-variants-composed" in header
+    assert "datasets:" not in header and str(tmp_path) not in card  # a local directory is no Hub dataset
+    assert "trained with ComposedTrainer: GRPO with the parts `erpo_query_kl`, `dapo_dynamic_sampling`" in card
+
+
+def test_a_method_with_dynamic_sampling_cites_dapo(tmp_path):
+    out = tmp_path / "out"
+    trainer = small_trainer("eepo", out, dataset=train_dataset(8), max_completion_length=8, dynamic_sampling=True)
+    trainer.create_model_card(model_name="m")
+    card = (out / "README.md").read_text()
+    assert "@article{chen2025eepo," in card and "@article{yu2025dapo," in card and "- dapo" in card.split("---")[1]
+    assert "Xiao Bi and Haowei Zhang" in card  # GRPO's author list as the papers give it
+
+
+def test_public_names():
+    from trl_variants._card import public_name
+
+    assert public_name("Qwen/Qwen2.5-Math-7B") == "Qwen/Qwen2.5-Math-7B"
+    assert public_name("/scratch/alice/runs/qwen-dph/") == "qwen-dph"
+    assert public_name("./out/model") == "model"
+    assert public_name(str(DEFAULT_MODEL_PATH)) == "tiny"
+    assert public_name(None) is None

@@ -108,6 +108,8 @@ class Part:
     owns_rollout = False
     fills_batch = False
     wants_prompt_logps = False
+    citation: str | None = None  # the BibTeX entry of the part's paper: model cards cite it, with its Hub tag
+    tag: str | None = None
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)

@@ -32,6 +32,20 @@ def test_card_names_source_model_rewards_and_options():
         assert text in card, text
 
 
+def test_card_names_the_trainers_that_can_read_it_and_cites_only_theirs():
+    """Every card said it was stage 1 of A*-PO, DPH-RL and ERPO, for any of their trainers: a DPH-RL recipe's pass
+    (no ref_value, no prompt log-likelihood) cannot feed APOTrainer or ERPOTrainer."""
+    apo = dataset_card(_presampled(), "m")
+    assert "Pass it to `APOTrainer` as `train_dataset`" in apo and "brantley2025accelerating" in apo
+    assert "li2025choice" not in apo and "erpo2025" not in apo
+    both = Dataset.from_dict({"prompt": ["a"], "ref_prompt_logp": [-3.0], "ref_rewards": [[1.0]], "ref_value": [1.0],
+                              "ref_completion_ids": [[[1, 2]]], "ref_completion_logps": [[[-0.1, -0.2]]],
+                              "ref_prompt_ids": [[5, 6]]})
+    every = dataset_card(with_metadata(both, PresampleConfig(num_samples=1, value_beta=0.5), "k", ["r"]), "m")
+    assert "Pass it to `APOTrainer` or `DPHTrainer` or `ERPOTrainer`" in every
+    assert all(key in every for key in ("brantley2025accelerating", "li2025choice", "erpo2025"))
+
+
 def test_card_without_rewards_and_embedded_source():
     args = SimpleNamespace(dataset_name="embedded", split="test", embedded_train_size=6, embedded_test_size=4,
                            embedded_seed=0, dataset_config=None, dataset_train_split="train", filter_column=None)
@@ -101,7 +115,7 @@ def test_presample_cli_card_names_source_and_rewards(tmp_path):
                     "--output_dir", str(out), "--cache_dir", str(tmp_path / "c")])
     card = (out / "README.md").read_text()
     for text in ("- source dataset: `embedded", "- split: `train`", "- embedded_train_size: `2`",
-                 "- reference model: `trl_variants tiny default`", "- reward functions: `accuracy_reward`",
+                 "- reference model: `tiny`", "- reward functions: `accuracy_reward`",
                  "| `num_samples` | `1` |"):
         assert text in card, text
 

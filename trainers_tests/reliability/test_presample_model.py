@@ -86,8 +86,10 @@ def test_signature_ignores_dtype_and_peft_but_not_weights(tiny_model):
 def test_presampled_dataset_records_its_model(tmp_path, tiny_model, tiny_tokenizer):
     data = _presampled("erpo", tiny_model, tiny_tokenizer, tmp_path)
     record = presample_metadata(data)["model"]
-    assert record == model_signature(tiny_model) and record["name"] == DEFAULT_MODEL_PATH
+    # the shipped model's name, not its path: every row is published with a pushed dataset
+    assert record == model_signature(tiny_model) and record["name"] == "tiny"
     assert json.loads(data[0][METADATA_COLUMN])["model"] == record  # also in the column (survives a Hub round trip)
+    assert str(DEFAULT_MODEL_PATH) not in data[0][METADATA_COLUMN]
 
 
 # ------------------------------------------------------------------------------------------ the trainers ---
@@ -97,7 +99,7 @@ def test_trainers_refuse_data_presampled_by_another_model(method, tmp_path, tiny
     name = TRAINERS[method][0].__name__
     no_forward()
     with pytest.raises(ValueError, match=rf"{name}: the presampled dataset was made by another model: "
-                                         rf"'{DEFAULT_MODEL_PATH}' \(float32\) made it, this trainer trains "
+                                         rf"'tiny' \(float32\) made it, this trainer trains "
                                          rf"'{DEFAULT_MODEL_PATH}' \(float32\), and their weights differ \(same name.*"
                                          r"Presample again with this model.*or train the model that made it"):
         _trainer(method, tiny_model, data, tmp_path)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
+from .._card import public_name
 from .._validation import check_model_reference
 from ..data import DataScriptArguments, load_datasets, load_eval_dataset, load_reward_funcs, uses_embedded
 from ..training.arguments import training_keys
@@ -199,7 +200,7 @@ def presample_main(argv: list[str]) -> None:
 
         from ..presample import dataset_card
 
-        model_id = script_args.model_name_or_path or "trl_variants tiny default"
+        model_id = public_name(script_args.model_name_or_path) or "tiny"  # a local path by its last part
         result.save_to_disk(script_args.output_dir)
         card = dataset_card(result, model_id, script_args.hub_dataset_id, source=source)
         (Path(script_args.output_dir) / "README.md").write_text(card)
@@ -224,7 +225,7 @@ def presample_source(script_args) -> dict:
         source = {"dataset": "mixture", "datasets": [asdict(d) for d in script_args.datasets],
                   "test_split_size": script_args.test_split_size, "split": script_args.dataset_train_split}
     else:
-        source = {"dataset": script_args.dataset_name, "config": script_args.dataset_config,
+        source = {"dataset": public_name(script_args.dataset_name), "config": script_args.dataset_config,
                   "split": script_args.dataset_train_split}
     if script_args.filter_column:
         source["filter"] = f"{script_args.filter_column} in {script_args.filter_values}"

@@ -4,7 +4,7 @@ of your own (docs/parts.md). Each built-in part is the method's own (``erpo/part
 
 from __future__ import annotations
 
-from .._citations import DPH, EEPO, ERPO, GRPO
+from .._citations import GRPO
 from ..parts import Part, PartAttribute, PartsTrainer, part_class
 from .config import ComposedConfig
 
@@ -14,7 +14,7 @@ class ComposedTrainer(PartsTrainer):
 
     _tag_names = ["trl", "grpo", "trl-variants-composed"]
     _name = "ComposedTrainer"
-    _paper = {"citation": "\n\n".join([ERPO, DPH, EEPO, GRPO])}  # every paper whose part it can run, and GRPO
+    _paper = {"citation": GRPO}  # the card adds the paper of each part it runs (Part.citation), and their tags
     _config_class = ComposedConfig
     _config_suffix = "Composed"
     # state its parts hold (checkpointed by them), read through the trainer as on DPHTrainer and EEPOTrainer; an

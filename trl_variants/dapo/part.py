@@ -25,6 +25,7 @@ import torch
 from accelerate.utils import gather_object
 from datasets import IterableDataset
 
+from .._citations import DAPO
 from ..parts import Part, register_part
 from ..presample.metadata import CORRECT_AT
 
@@ -125,6 +126,7 @@ class DynamicSampling(Part):
     ``dynamic_sampling`` of its config) and with plain GRPO (``ComposedConfig(parts=["dapo_dynamic_sampling"])``)."""
 
     name = "dapo_dynamic_sampling"
+    citation, tag = DAPO, "dapo"  # model cards
     fills_batch = True
 
     def __init__(self, max_rounds: int, seed: int):

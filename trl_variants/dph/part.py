@@ -22,6 +22,7 @@ from contextlib import contextmanager
 import torch
 
 from .. import losses
+from .._citations import DPH
 from .._data import is_stream, read_stream, stream_with_columns
 from .._model import frozen_copy_of_policy, is_peft_model
 from .._offline import refuse_offline_sampling, sampling_options, stored_or_computed, trainer_presample
@@ -63,6 +64,7 @@ class Rehearsal(Part):
     ``dph/log_u_mean``, ``dph/num_pef_rows``, ``dph/num_exp_prompts`` (``dph/js_exp_term`` in the definition form)."""
 
     name = "dph_rehearsal"
+    citation, tag = DPH, "dph-rl"  # model cards
     offline_pass = True
 
     def __init__(self, args):

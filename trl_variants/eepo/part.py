@@ -32,6 +32,7 @@ import torch
 from trl.trainer.utils import nanmax, nanmin
 
 from .. import losses
+from .._citations import EEPO
 from .._model import drop_gathered_weights, is_peft_model, params_sharded
 from .._numerics import mixed_precision
 from ..parts import Part, register_part
@@ -233,6 +234,7 @@ class TwoStageRollout(Part):
     ``eepo/entropy_stage2``, ``eepo/stage1_logp_change``, ``eepo/unlearning_step_kept`` (:func:`share_of_step_kept`)."""
 
     name = "eepo_two_stage_rollout"
+    citation, tag = EEPO, "eepo"  # model cards
     owns_rollout = True
 
     def check(self, trainer_name, args, train_dataset, kwargs) -> None:

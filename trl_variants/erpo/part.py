@@ -17,6 +17,7 @@ from types import MappingProxyType
 import torch
 
 from .. import losses
+from .._citations import ERPO
 from .._data import run_on_rows
 from .._model import full_parameters, on_accelerator_device
 from .._offline import stored_or_computed, trainer_prompt_ids
@@ -98,6 +99,7 @@ class QueryWeights(Part):
     """Advantages times ``w_B(s)`` (eq. 8); metrics ``erpo/query_weight/{mean,min,max}``, ``erpo/prompt_logp/mean``."""
 
     name = "erpo_query_weights"
+    citation, tag = ERPO, "erpo"  # model cards
 
     def __init__(self, source: str = "policy"):
         self.source = source
@@ -157,6 +159,7 @@ class QueryKL(Part):
     The term acts on the prompt, so it is not 0 when every completion is masked."""
 
     name = "erpo_query_kl"
+    citation, tag = ERPO, "erpo"  # model cards
     needs = REFERENCE_PROMPT_LOGP
     wants_prompt_logps = True
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from .._card import public_name
 from .._model import is_peft_model
 from .config import PresampleConfig
 from .reward_calls import reward_fingerprint, reward_name
@@ -84,13 +85,15 @@ def model_signature(model, dtypes=tuple(_SIGNATURE_DTYPES), gather=None) -> dict
     """Which weights a model holds, robust to the dtype it was loaded in: per dtype in ``dtypes``, a hash of every
     weight's shape and of 64 evenly spaced values cast to that dtype (a fine-tuned or another model differs in
     them; the name or path and the config do not enter: a path moves, a config gains keys between transformers
-    versions). ``dtype`` is the weights' own; ``name`` is for messages only. ``gather(p)``, when given, is a context
+    versions). ``dtype`` is the weights' own; ``name`` is for messages only (a local path by its last part). ``gather(p)``, when given, is a context
     in which ``p`` holds its full value (DeepSpeed ZeRO-3)."""
     from contextlib import nullcontext
 
     params = _reference_weights(model)
     own = _weights_dtype(params)
-    record = {"name": str(getattr(model.config, "_name_or_path", "") or type(model).__name__), "dtype": own,
+    # published with the dataset (every row's ref_presample_info): a local path by its last part (_card)
+    record = {"name": public_name(str(getattr(model.config, "_name_or_path", "") or type(model).__name__)),
+              "dtype": own,
               "hashes": {}}
     if own is None or not dtypes:
         return record

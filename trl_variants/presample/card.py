@@ -18,12 +18,27 @@ def _source_lines(source: dict | None) -> list[str]:
     return lines or ["- source dataset: not recorded"]
 
 
+# which trainer reads a presampled dataset as its offline pass, what of it, and the columns it needs
+_CONSUMERS = (
+    ("APOTrainer", "A*-PO's stage 1 (N samples, V_hat)", ("ref_value",)),
+    ("DPHTrainer", "DPH-RL's pass (k samples, the reward split, per-token reference log-probs)",
+     ("ref_rewards", "ref_completion_ids", "ref_completion_logps", "ref_prompt_ids")),
+    ("ERPOTrainer", "ERPO's reference prompt log-likelihoods", ("ref_prompt_logp",)),
+)
+
+
 def dataset_card(dataset, model_id: str, dataset_id: str | None = None, source: dict | None = None) -> str:
     """A Hub dataset card (README.md) for a presampled dataset: where it comes from (``source``: ``dataset``,
     ``config``, ``split`` and any other ``name: value`` that selected the prompts), the reference model, the reward
-    functions and options recorded in its metadata, the columns, the summary, and the citations of the methods
-    that consume it."""
+    functions and options recorded in its metadata, the columns, the summary, and the trainers that can read it
+    (those whose columns it holds) with their papers' citations."""
     from .._citations import APO, DPH, ERPO
+
+    citations = {"APOTrainer": APO, "DPHTrainer": DPH, "ERPOTrainer": ERPO}
+    readers = [(name, what) for name, what, needs in _CONSUMERS if set(needs) <= set(dataset.column_names)]
+    made = "; ".join(what for _, what in readers) or "no trainer's offline pass (its columns are incomplete)"
+    use = (f"Pass it to {' or '.join(f'`{n}`' for n, _ in readers)} as `train_dataset` and no sampling runs "
+           "before training." if readers else "")
 
     metadata = presample_metadata(dataset) or {}
     options = metadata.get("options") or {}
@@ -45,10 +60,8 @@ tags:
 
 # Offline reference pass{f" ({dataset_id})" if dataset_id else ""}
 
-Made by `trl-variants presample` from the reference policy `{model_id}` over {len(dataset)} prompts: stage 1 of
-A*-PO (N samples, V_hat), DPH-RL (k samples, reward split, per-token reference log-probs) and ERPO's reference
-prompt log-likelihoods. Pass it to `APOTrainer`, `DPHTrainer` or `ERPOTrainer` as `train_dataset` and no sampling
-runs before training.
+Made by `trl-variants presample` from the reference policy `{model_id}` over {len(dataset)} prompts: {made}.
+{use}
 
 ## Source
 {chr(10).join(_source_lines(source))}
@@ -68,10 +81,6 @@ runs before training.
 
 ## Citations
 ```bibtex
-{APO}
-
-{DPH}
-
-{ERPO}
+{chr(10).join(citations[n] + chr(10) for n, _ in readers).rstrip() or "(none)"}
 ```
 """

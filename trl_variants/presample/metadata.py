@@ -6,6 +6,7 @@ import json
 import math
 import warnings
 
+from .._card import public_name
 from .cache import model_signature, signature_dtype
 from .config import METADATA_COLUMN, METADATA_KEY, PresampleConfig
 
@@ -80,8 +81,10 @@ def check_presample_model(dataset, model, who: str, gather=None) -> None:
     dtype = signature_dtype(record["dtype"], mine["dtype"])
     if model_signature(model, dtypes=(dtype,), gather=gather)["hashes"][dtype] == record["hashes"].get(dtype):
         return
+    # the record names a local model by its last part (it is published with the data); the message, by its path
+    mine["name"] = str(getattr(model.config, "_name_or_path", "") or type(model).__name__)
     same_name = " (same name, other weights: e.g. a checkpoint saved over it, or weights edited in memory)" \
-        if record["name"] == mine["name"] else ""
+        if record["name"] in (mine["name"], public_name(mine["name"])) else ""
     raise ValueError(
         f"{who}: the presampled dataset was made by another model: {record['name']!r} ({record['dtype']}) made it, "
         f"this trainer trains {mine['name']!r} ({mine['dtype']}), and their weights differ{same_name}. Its reference "
