@@ -546,3 +546,21 @@ assert any("eepo/gate" in h for h in t.state.log_history)
 print("OK", digests)
 """)
     run_two_ranks(script, 29531)
+
+
+def test_the_gates_window_counts_steps_when_dynamic_sampling_samples_several_rounds(tmp_path):
+    """Each refill round runs the two-stage rollout and reads stage 1's entropy; the moving average's window (m = 3
+    steps) took one entry per round, so it spanned the last rounds of one step. A step is one entry now: the mean
+    of its rounds' stage-1 entropies (what the step's logged eepo/entropy_stage1 is)."""
+    from ..dapo.test_trainer import first_group_wrong_reward
+
+    eepo = EEPOTrainer(model=DEFAULT_MODEL_PATH, reward_funcs=first_group_wrong_reward, train_dataset=train_dataset(16),
+                       args=small_config(EEPOConfig, tmp_path, entropy_gate="auto", dynamic_sampling=True,
+                                         dynamic_sampling_max_rounds=3, max_steps=2, max_completion_length=16,
+                                         logging_steps=1))
+    eepo.train()
+    logs = [row for row in eepo.state.log_history if "eepo/entropy_stage1" in row]
+    assert len(logs) == 2 and any(row["dynamic_sampling/rounds"] > 1 for row in logs)
+    history = list(eepo.part("eepo_two_stage_rollout").entropy_history)
+    assert len(history) == 2
+    assert history == pytest.approx([row["eepo/entropy_stage1"] for row in logs], rel=1e-4)
