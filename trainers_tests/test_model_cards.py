@@ -90,3 +90,24 @@ def test_public_names():
     assert public_name("./out/model") == "model"
     assert public_name(str(DEFAULT_MODEL_PATH)) == "tiny"
     assert public_name(None) is None
+
+
+def test_the_training_command_names_recipes_hides_tokens_and_shortens_local_paths(tmp_path):
+    from trl_variants._card import command_text
+    from trl_variants.recipe_catalog import resolve_recipe
+
+    recipe = str(resolve_recipe("erpo/tiny_cpu"))  # as train_main resolves --config: an absolute path
+    local = tmp_path / "runs" / "erpo-1"
+    command = command_text("trl-variants train erpo", ["--config", recipe, "--hub_token", "hf_secret",
+                                                       f"--output_dir={local}", "--api_token=abc", "--max_steps", "3"])
+    assert command == ("trl-variants train erpo --config erpo/tiny_cpu --hub_token '***' --output_dir=erpo-1 "
+                       "'--api_token=***' --max_steps 3")
+
+
+def test_a_card_made_from_the_command_line_shows_its_command(tmp_path):
+    out = tmp_path / "out"
+    trainer = small_trainer("erpo", out, dataset=train_dataset(8), max_completion_length=8)
+    trainer.training_command = "trl-variants train erpo --max_steps 3"
+    trainer.create_model_card(model_name="m")
+    card = (out / "README.md").read_text()
+    assert "## Training command" in card and "```bash\ntrl-variants train erpo --max_steps 3\n```" in card

@@ -78,6 +78,47 @@ def with_part_citations(paper: dict, parts) -> dict:
     return {**paper, "citation": citation}
 
 
+def command_text(prog: str | None, argv: list[str]) -> str:
+    """The command line of a run as a card shows it: a shipped recipe by its name, a local path by its last part
+    (:func:`public_name`), the value of any ``--*token*`` flag hidden."""
+    import shlex
+    import sys
+    from pathlib import Path
+
+    from .recipe_catalog import RECIPES_DIR, recipe_name
+
+    def shown(value: str) -> str:
+        path = Path(value).expanduser()
+        if path.suffix in (".yaml", ".yml") and path.is_file() and path.resolve().is_relative_to(RECIPES_DIR.resolve()):
+            return recipe_name(path)
+        return public_name(value) if os.path.isabs(value) else value
+
+    words, hide = [], False
+    for arg in argv:
+        name, eq, value = arg.partition("=")
+        if hide:
+            words.append("***")
+        elif arg.startswith("--") and "token" in name:
+            words.append(f"{name}=***" if eq else arg)
+        else:
+            words.append(f"{name}={shown(value)}" if arg.startswith("--") and eq else shown(arg))
+        hide = not hide and arg.startswith("--") and "token" in name and not eq
+    script = os.path.relpath(sys.argv[0]) if sys.argv[0] else "train.py"
+    head = shlex.split(prog) if prog else ["python", os.path.basename(script) if script.startswith("..") else script]
+    return shlex.join(head + words)
+
+
+def command_section(command: str) -> str:
+    from importlib import metadata
+
+    try:
+        version = metadata.version("trl-variants")
+    except metadata.PackageNotFoundError:
+        version = "unknown"
+    return (f"\n## Training command\n\nThe command that trained this model, with trl-variants {version} (its shipped "
+            "recipes, named by `--config`, are part of the package):\n\n```bash\n" + command + "\n```\n")
+
+
 class ModelCardMixin:
     """Put before ``GRPOTrainer`` in a trainer's bases; uses the class's ``_name`` and ``_paper``, and the tags and
     citations of its parts (``Part.citation``, ``Part.tag``)."""
@@ -110,6 +151,9 @@ class ModelCardMixin:
         model_id = self.args.hub_model_id or model_name or os.path.basename(os.path.normpath(self.args.output_dir))
         fixed = fix_model_card(text, get_config_model_id(self.model.config), self._name, self._paper,
                                parts=[str(p) for p in parts], model_id=model_id)
+        command = getattr(self, "training_command", None)  # set by the command line (training.run)
+        if command and "## Training command" not in fixed:
+            fixed = fixed.rstrip("\n") + "\n" + command_section(command)
         if fixed != text:
             with open(path, "w", encoding="utf-8") as f:
                 f.write(fixed)

@@ -34,6 +34,10 @@ def test_example_runs_offline_with_yaml_defaults(tmp_path, algo):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "trained on 1 process(es)" in proc.stdout
     assert (tmp_path / "out" / "model.safetensors").exists() and (tmp_path / "out" / "README.md").exists()
+    card = (tmp_path / "out" / "README.md").read_text()
+    if algo != "grpo":  # TRL's GRPOTrainer writes its own card
+        assert "## Training command" in card and f"python examples/train_{algo}.py " in card
+        assert "--output_dir out" in card and str(tmp_path) not in card  # a local path by its last part
     if algo in ("erpo", "grpo"):  # the main job and its baseline end with held-out accuracy, base vs trained
         assert "held-out accuracy on 16 prompts never trained on (base -> step 2):" in proc.stdout
         record = json.loads((tmp_path / "out" / "heldout.json").read_text())

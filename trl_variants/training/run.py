@@ -10,6 +10,7 @@ from pathlib import Path
 
 from trl import ModelConfig
 
+from .._card import command_text
 from .._config_checks import launch_processes
 from .._model import full_state_dict_for_final_save
 from .._preemption import EXIT_CODE as SIGTERM_EXIT_CODE
@@ -80,6 +81,7 @@ def run_training(trainer_cls, config_cls, default_config: str | Path | None = No
         print(where_it_runs(training_args))
     training_args.resume_from_checkpoint = resume_target(training_args.resume_from_checkpoint)
     trainer = trainer_cls(**trainer_kwargs(script_args, training_args, model_args))
+    trainer.training_command = command_text(prog, argv)  # the model card shows it (_card.ModelCardMixin)
     if script_args.heldout_eval_steps:
         from ..data.loading import load_default_dataset  # looked up now: tests replace it
         from ..evaluation import HeldOutCallback
