@@ -49,15 +49,22 @@ def test_eta_zero_is_exactly_grpo(tmp_path, loss_type):
     assert_exactly_grpo(grpo, dph, inputs)
 
 
-def test_pef_term_value_and_gradient_direction(tmp_path):
-    eta = 0.5
+def _pef_term_only(tmp_path, eta):
+    """A forward-KL DPH-RL trainer (``eta``) with its D_pef stream at the start, one with eta 0, and a fixed batch of
+    zero advantages: their losses differ by the D_pef term alone. Also the stream's first two rows (one micro-step's
+    batch)."""
     dph = _dph(tmp_path, dph_coef=eta, divergence="forward_kl", pef_batch_size=2)
     zero = _dph(tmp_path, dph_coef=0.0)
     inputs, _ = fixed_batch(dph)
     inputs = dict(inputs, advantages=torch.zeros_like(inputs["advantages"]))  # isolate the D_pef term
-    # Pretend pi_theta already moved away from the stored completions: stored log-probs 0.3 above the current ones
     dph._pef_epoch, dph._pef_pos = 0, 0
-    rows = dph.part("dph_rehearsal")._pef_order(dph, 0)[:2]
+    return dph, zero, inputs, dph.part("dph_rehearsal")._pef_order(dph, 0)[:2]
+
+
+def test_pef_term_value_and_gradient_direction(tmp_path):
+    eta = 0.5
+    dph, zero, inputs, rows = _pef_term_only(tmp_path, eta)
+    # Pretend pi_theta already moved away from the stored completions: stored log-probs 0.3 above the current ones
     batch = dph.pef_dataset.select(rows)
     ids, attn, ref, mask, C = dph.part("dph_rehearsal")._pef_tensors(dph, batch)
     with torch.no_grad():
@@ -108,12 +115,7 @@ def test_pef_term_is_the_token_mean_of_the_rehearsed_batch(tmp_path):
     and one 0.1 away from their stored log-probs, give eta * (0.3 L0 + 0.1 L1) / (L0 + L1), not the mean of the
     rows' means (eta * 0.2) nor a sum."""
     eta = 0.5
-    dph = _dph(tmp_path, dph_coef=eta, divergence="forward_kl", pef_batch_size=2)
-    zero = _dph(tmp_path, dph_coef=0.0)
-    inputs, _ = fixed_batch(dph)
-    inputs = dict(inputs, advantages=torch.zeros_like(inputs["advantages"]))  # isolate the D_pef term
-    dph._pef_epoch, dph._pef_pos = 0, 0
-    rows = dph.part("dph_rehearsal")._pef_order(dph, 0)[:2]
+    dph, zero, inputs, rows = _pef_term_only(tmp_path, eta)
     full = [len(r) for r in dph.pef_dataset.select(rows)["completion_logps"]]
     lengths = [max(1, full[1] // 3), full[1]]  # the first row cut to a third of the second's length
     shift = {rows[0]: 0.3, rows[1]: 0.1}
@@ -216,17 +218,24 @@ def test_end_to_end_train_save_resume_continues_pef_stream(tmp_path):
     assert (resumed._pef_epoch, resumed._pef_pos) == (expected._pef_epoch, expected._pef_pos)
 
 
-def test_definition_form_js_with_live_reference(tmp_path):
+def _js_exp_term_only(tmp_path):
+    """GRPOTrainer and a definition-form DPH-RL trainer with eta 0 (their losses differ by the D_exp term alone), a
+    fixed batch, and its rows' ids, attention mask and current completion log-probs."""
     grpo = grpo_trainer(tmp_path)
     dph = _dph(tmp_path, divergence_form="definition", dph_coef=0.0)  # isolate the D_exp term
-    assert dph.ref_model is not None
-    assert dph.js_beta1 == 0.0
-    dph.js_beta1 = 0.5
     inputs, _ = fixed_batch(grpo)
     ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
     attn = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
     with torch.no_grad():
         current, _, _ = dph._get_per_token_logps_and_entropies(dph.model, ids, attn, inputs["completion_ids"].size(1))
+    return grpo, dph, inputs, (ids, attn, current)
+
+
+def test_definition_form_js_with_live_reference(tmp_path):
+    grpo, dph, inputs, (ids, attn, current) = _js_exp_term_only(tmp_path)
+    assert dph.ref_model is not None
+    assert dph.js_beta1 == 0.0
+    dph.js_beta1 = 0.5
     ref = current - 0.4  # u = e^0.4 on every rollout token
     loss_g, _ = loss_and_grads(grpo, inputs)
     loss_d, _ = loss_and_grads(dph, dict(inputs, ref_per_token_logps=ref))
@@ -240,14 +249,8 @@ def test_definition_form_js_with_live_reference(tmp_path):
 def test_definition_form_js_is_a_token_mean_over_the_rollouts(tmp_path):
     """beta1 * KL(pi || M) on D_exp averages over the rollout tokens: rows of different lengths moved by different
     amounts from the reference give the length-weighted mean of the per-row values."""
-    grpo = grpo_trainer(tmp_path)
-    dph = _dph(tmp_path, divergence_form="definition", dph_coef=0.0)  # isolate the D_exp term
+    grpo, dph, inputs, (ids, attn, current) = _js_exp_term_only(tmp_path)
     dph.js_beta1 = 0.5
-    inputs, _ = fixed_batch(grpo)
-    ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
-    attn = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
-    with torch.no_grad():
-        current, _, _ = dph._get_per_token_logps_and_entropies(dph.model, ids, attn, inputs["completion_ids"].size(1))
     shifts = [0.8, 0.1, 0.4, 0.2]  # log u on every token of each row
     ref = current - torch.tensor(shifts)[:, None]
     lengths = inputs["completion_mask"].sum(1).tolist()
