@@ -91,7 +91,8 @@ _KINDS = {"int": "an integer", "float": "a number", "bool": "True or False"}
 
 def _declared_kind(annotation) -> str | None:
     """"int", "float" or "bool" where a field is declared as that type (or it or None), else None."""
-    text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", None) or str(annotation)
+    text = annotation if isinstance(annotation, str) else annotation.__name__ if isinstance(annotation, type) \
+        else str(annotation)  # int | None, typing.Optional[int]
     text = text.removeprefix("typing.")
     if text.startswith("Optional[") and text.endswith("]"):
         text = text[len("Optional["):-1]
@@ -128,9 +129,12 @@ def _check_types(config, bad) -> None:
         else:
             ok = isinstance(value, numbers.Integral if kind == "int" else numbers.Real)
         if ok:
+            if type(value).__module__ == "numpy":  # a plain number: the config's JSON, checkpoints and cache keys
+                setattr(config, f.name, value.item())
             continue
         if isinstance(value, str):
-            fix = ("pass a number, not a string (YAML reads 1e-6, without a dot, as a string: write 1.0e-6)"
+            fix = ("pass a number, not a string (a YAML file read by hand reads 1e-6, without a dot, as a string: "
+                   "write 1.0e-6)"
                    if kind != "bool" else "pass True or False, not a string (the string 'false' is true)")
         elif kind == "int" and isinstance(value, float) and value.is_integer():
             fix = f"pass the whole number {int(value)}"

@@ -295,6 +295,8 @@ class PartsTrainer(TrainerBase):
                               has_tool_images)
 
     def _generate_and_score_completions(self, inputs):
+        if self.model.training:  # which training generation batch this is (the rounds of one fill share it)
+            self.generation_batch_index = getattr(self, "generation_batch_index", -1) + 1
         filler = next((p for p in self.parts if p.fills_batch), None)
         if filler is not None and self.model.training:
             inputs, output = filler.fill(self, inputs, self._rollout)

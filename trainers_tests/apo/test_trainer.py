@@ -133,6 +133,15 @@ def test_binary_reward_warning(tmp_path):
         apo._generate_and_score_completions([dict(apo.train_dataset[i]) for i in range(8)])
 
 
+def test_a_dataset_with_values_alone_is_used_as_it_is(tmp_path, monkeypatch):
+    """A ``ref_value`` column turns stage 1 off (docs/trainers.md) with or without the ``ref_rewards`` it was made
+    from: the stage-1 binary-reward check has nothing to read then (it raised a KeyError)."""
+    monkeypatch.setattr(hf_backend, "generate_completions", lambda *a, **k: pytest.fail("sampled stage 1"))
+    values = train_dataset(8).add_column("ref_value", [0.25] * 8)
+    apo = _apo(tmp_path, dataset=values)
+    assert apo.train_dataset["ref_value"] == [0.25] * 8
+
+
 @pytest.mark.slow
 def test_end_to_end_and_resume_does_not_rerun_stage1(tmp_path, monkeypatch):
     out = tmp_path / "run"

@@ -1,7 +1,9 @@
 """The cache key covers everything that changes a pass's result."""
 
 import importlib
+import os
 import shutil
+import subprocess
 import sys
 
 import pytest
@@ -94,6 +96,38 @@ def test_module_data_the_reward_reads_keys_the_cache_and_data_it_does_not_read_d
     assert reward_fingerprint(restarted.my_reward) == first_key
     restarted.SETTINGS["scale"] = print  # not plain data: no key, the pass re-scores
     assert reward_fingerprint(restarted.my_reward) is None
+
+
+REWARD_READING_A_SET_AND_A_LONG_PATTERN = """
+import re
+NAMES = frozenset({"alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta"})
+PATTERN = re.compile("x" * 250 + %r)
+def my_reward(completions, **kw):
+    return [float(bool(PATTERN.search(str(c))) or str(c) in NAMES) for c in completions]
+"""
+
+
+def _fingerprint_in_a_new_interpreter(folder, hash_seed: str) -> str:
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import set_reward_mod; "
+            "from trl_variants.presample.reward_calls import reward_fingerprint; "
+            "print(reward_fingerprint(set_reward_mod.my_reward))")
+    proc = subprocess.run([sys.executable, "-c", code, str(folder)], capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, PYTHONHASHSEED=hash_seed))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout.strip().splitlines()[-1]
+
+
+def test_the_key_of_a_reward_reading_a_set_or_a_long_pattern_is_stable_and_sees_the_pattern(tmp_path):
+    """A frozenset of strings printed in the order of the interpreter's hash seed (two identical runs, two keys: a
+    shared cache never hit), and a compiled pattern's repr stops at 200 characters (a change after them kept the
+    key: the old rewards were served)."""
+    folder = tmp_path / "mods"
+    folder.mkdir()
+    (folder / "set_reward_mod.py").write_text(REWARD_READING_A_SET_AND_A_LONG_PATTERN % "A")
+    first, second = (_fingerprint_in_a_new_interpreter(folder, seed) for seed in ("1", "2"))
+    assert first == second and first != "None"
+    (folder / "set_reward_mod.py").write_text(REWARD_READING_A_SET_AND_A_LONG_PATTERN % "B")
+    assert _fingerprint_in_a_new_interpreter(folder, "1") not in (first, "None")
 
 
 def test_unfingerprintable_reward_reuses_samples_and_rescores(tmp_path, prompts, tiny_model, tiny_tokenizer,

@@ -114,7 +114,7 @@ def test_a_method_coefficient_that_is_nan_or_infinite_is_refused(config_cls, fie
 @pytest.mark.parametrize("config_cls,field,value,message", [
     # each failed only after the offline pass or at the first rollout or loss, with a bare TypeError
     (DPHConfig, "dph_coef", "0.2", "DPHConfig.dph_coef must be a number (str given), got '0.2': pass a number, "
-                                   "not a string (YAML reads 1e-6"),
+                                   "not a string (a YAML file read by hand reads 1e-6"),
     (DPHConfig, "num_presamples", 8.0, "DPHConfig.num_presamples must be an integer (float given), got 8.0: pass "
                                        "the whole number 8"),
     (EEPOConfig, "entropy_threshold", "0.3", "EEPOConfig.entropy_threshold must be a number (str given)"),
@@ -140,6 +140,9 @@ def test_numpy_numbers_and_ints_for_floats_are_numbers(tmp_path):
     config = _config(EEPOConfig, tmp_path, entropy_threshold=np.float32(0.3), entropy_window=np.int64(4),
                      unlearning_lr=1, learning_rate=np.float64(1e-6))
     assert config.entropy_window == 4 and config.unlearning_lr == 1
+    # stored as Python numbers: the config's JSON (trackers, checkpoints' records) and the cache keys read them
+    assert type(config.entropy_window) is int and type(config.entropy_threshold) is float
+    assert type(config.learning_rate) is float
 
 
 def test_an_alpha_divergence_with_no_alpha_is_refused(tmp_path):

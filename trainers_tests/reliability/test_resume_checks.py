@@ -127,3 +127,25 @@ def test_a_composed_run_may_resume_with_its_parts_listed_in_another_order(tmp_pa
     forward = record(["erpo_query_weights", "dph_rehearsal"])
     assert forward == record(["dph_rehearsal", "erpo_query_weights"])  # the order cannot change training
     assert forward != record(["erpo_query_weights"])  # another set of parts can
+
+
+def test_a_composed_checkpoint_recording_an_option_of_a_part_it_did_not_run_resumes(tmp_path, no_model_load):
+    """A record written before dph_coef defaulted to None holds 0.2 for a run without dph_rehearsal; this run holds
+    None and may not set 0.2 (an option of a part not in parts is refused): the resume was refused either way. An
+    option of a part the run does not hold is not compared; one of a part it holds is."""
+
+    parts = ["erpo_query_kl"]
+    old = _config(ComposedConfig, tmp_path, parts=parts)
+    record = resume_fields(old)
+    assert record["dph_coef"] is None
+    path = tmp_path / "checkpoint-1"
+    path.mkdir()
+    record["dph_coef"] = 0.2  # as the record of an older trl_variants
+    TrainerState(stateful_callbacks={TrlVariantsCheckpoint.__name__: {
+        "format": RECORD_FORMAT, "trainer": "ComposedTrainer", "config": record, "algorithm_state": {}}}).save_to_json(
+        str(path / "trainer_state.json"))
+    with pytest.raises(ModelLoaded):  # the checks passed: construction goes on
+        _build(ComposedTrainer, _config(ComposedConfig, tmp_path, parts=parts, resume_from_checkpoint=str(path)))
+    with pytest.raises(ValueError, match=r"query_kl_coef: checkpoint 0\.01, this run 0\.02"):
+        _build(ComposedTrainer, _config(ComposedConfig, tmp_path, parts=parts, query_kl_coef=0.02,
+                                        resume_from_checkpoint=str(path)))

@@ -220,7 +220,8 @@ class APOTrainer(TrainerBase):
     def _with_values(self, dataset):
         args = self.args
         dataset = self._value_pass(dataset)
-        self._warn_non_binary_values(dataset["ref_rewards"])
+        if "ref_rewards" in dataset.column_names:  # a dataset may hold ref_value alone
+            self._warn_non_binary_values(dataset["ref_rewards"])
         self.defer_log(summarize(dataset, args.correctness_threshold))  # before any prompt is left out
         dataset = self._with_valued_prompts(dataset, "training")
         if args.filter_all_incorrect:

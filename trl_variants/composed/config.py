@@ -59,8 +59,12 @@ def unselected_options(values: dict, parts) -> list[str]:
     their defaults: what :class:`ComposedConfig` refuses (e.g. for a command line that drops parts from a recipe's
     list)."""
     defaults = {f.name: _default(f) for f in dataclasses.fields(ComposedConfig)}
+    # dph_coef's default (None) stands for DPH-RL's eta for the divergence: that value is the default too (a recipe's
+    # or an older record's dph_coef: 0.2)
+    accepted = {name: [default] for name, default in defaults.items()}
+    accepted["dph_coef"].append(DPHConfig.default_eta(values.get("divergence", "js")))
     return [name for name, value in values.items() if name in OPTION_PARTS
-            and not set(OPTION_PARTS[name]) & set(parts) and value != defaults[name]]
+            and not set(OPTION_PARTS[name]) & set(parts) and value not in accepted[name]]
 
 
 def _part_name(entry) -> str:
@@ -164,6 +168,16 @@ class ComposedConfig(ERPOConfig, DPHConfig, EEPOConfig):
         if len(set(names)) != len(names):
             raise ValueError(f"ComposedConfig.parts lists a part twice: {names}")
         self.dynamic_sampling = "dapo_dynamic_sampling" in names
+
+    @staticmethod
+    def inert_fields(values) -> set[str]:
+        """The fields that change nothing given the others (``values``: field values, e.g. a checkpoint's record):
+        ERPO's rule, and the options of every part not in ``values["parts"]``. A resume does not compare a field
+        inert in both runs (a record written before ``dph_coef`` defaulted to None holds 0.2 for a run without
+        ``dph_rehearsal``; this run may not set it)."""
+        parts = {_part_name(p) for p in values.get("parts") or []}
+        return ERPOConfig.inert_fields(values) | {name for name, owners in OPTION_PARTS.items()
+                                                   if not set(owners) & parts}
 
     @property
     def part_names(self) -> list[str]:

@@ -106,6 +106,12 @@ class DPHConfig(DynamicSamplingConfig):
         super().__post_init__()
         self._check_dph_options()
 
+    @staticmethod
+    def default_eta(divergence: str) -> float:
+        """``dph_coef``'s default for ``divergence`` (Table 6): 0.2 for DPH-JS, 0.01 for DPH-F and the
+        alpha-divergence (and for the divergences the paper does not train with)."""
+        return 0.2 if divergence == "js" else 0.01
+
     def _check_dph_options(self) -> None:
         """DPH-RL's own checks (a ComposedConfig runs them when its parts hold dph_rehearsal)."""
         check_cache_dir(self.presample_cache_dir, type(self).__name__, "presample_cache_dir")
@@ -115,8 +121,8 @@ class DPHConfig(DynamicSamplingConfig):
             self.correctness_reward = reward_func_names([self.correctness_reward])[0]
         if self.divergence not in DIVERGENCES:
             raise ValueError(f"divergence must be one of {DIVERGENCES}, got {self.divergence!r}")
-        if self.dph_coef is None:  # Table 6: eta 0.2 for DPH-JS, 0.01 for DPH-F and the alpha-divergence
-            self.dph_coef = 0.2 if self.divergence == "js" else 0.01
+        if self.dph_coef is None:
+            self.dph_coef = self.default_eta(self.divergence)
         if self.divergence == "alpha":
             check_number(self, "divergence_alpha", fix="the alpha of the alpha-divergence, 0.2 by default")
             if self.divergence_alpha in (0.0, 1.0):

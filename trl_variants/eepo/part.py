@@ -257,7 +257,7 @@ class TwoStageRollout(Part):
                 "gradient_accumulation_steps (TRL's default steps_per_generation is)")
         self.window = args.entropy_window
         self.entropy_history = collections.deque(maxlen=self.window)
-        self._rounds_step, self._rounds = None, []  # the step whose rounds the last entry averages, their values
+        self._rounds_batch, self._rounds = None, []  # the generation batch the last entry averages, its rounds
         self.pending_old_logps = None  # per row, set by an unlearning rollout
         self.pending_stage2 = None  # that rollout's stage-2 rows
         self.capture = _captures_stage2(trainer)
@@ -274,17 +274,18 @@ class TwoStageRollout(Part):
 
     def load_state(self, state: dict) -> None:
         self.entropy_history = collections.deque(state["entropy_history"], maxlen=self.window)
-        self._rounds_step, self._rounds = None, []
+        self._rounds_batch, self._rounds = None, []
 
-    def _record_entropy(self, step: int, h_t: float) -> None:
-        """The moving average's window counts training steps (the gate's m, ``entropy_window``): a step's generation
-        in several rounds (DAPO's dynamic sampling refills the batch) is one entry, the mean of its rounds' stage-1
-        entropies. One entry per round made the window of m = 3 span the last rounds of a single step."""
-        if self._rounds_step == step and self.entropy_history:
+    def _record_entropy(self, batch: int, h_t: float) -> None:
+        """The moving average's window counts generation batches (the gate's m, ``entropy_window``): a batch sampled
+        in several rounds (DAPO's dynamic sampling refills it) is one entry, the mean of its rounds' stage-1
+        entropies. One entry per round made the window of m = 3 span the last rounds of a single batch.
+        ``batch``: the trainer's ``generation_batch_index`` (None: a rollout called on its own, an entry each)."""
+        if batch is not None and self._rounds_batch == batch and self.entropy_history:
             self._rounds.append(h_t)
             self.entropy_history[-1] = sum(self._rounds) / len(self._rounds)
         else:
-            self._rounds_step, self._rounds = step, [h_t]
+            self._rounds_batch, self._rounds = batch, [h_t]
             self.entropy_history.append(h_t)
 
     # ------------------------------------------------------------------------------------------ the rollout ---
@@ -316,7 +317,7 @@ class TwoStageRollout(Part):
         else:
             _, ent1, mask1 = read1
         h_t = trainer.global_mean(ent1.detach(), mask1)
-        self._record_entropy(trainer.state.global_step, h_t)
+        self._record_entropy(getattr(trainer, "generation_batch_index", None), h_t)
         h_bar = sum(self.entropy_history) / len(self.entropy_history)
         unlearn = trainer.args.entropy_gate == "always" or h_bar < trainer.args.entropy_threshold
         metrics = trainer._metrics["train"]

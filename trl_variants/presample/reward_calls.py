@@ -118,7 +118,8 @@ def _names_read(code) -> set[str]:
 
 
 def _plain_data(obj) -> str | None:
-    """A module-level container as JSON (keys sorted, sets as sorted lists), or None where it holds other things."""
+    """A module-level container as JSON (keys sorted, sets as sorted lists, tuples as lists), or None where it holds
+    other things (a function, an object: their reprs hold addresses)."""
     def as_list(value):
         if isinstance(value, set | frozenset):
             return sorted(value, key=repr)
@@ -149,9 +150,11 @@ def _code_digest(namespace: dict) -> str | None:
                     read |= _names_read(member.__code__)
     for name in sorted(read & namespace.keys()):
         obj = namespace[name]
-        if isinstance(obj, int | float | str | bool | bytes | tuple | frozenset | re.Pattern | type(None)):
+        if isinstance(obj, int | float | str | bool | bytes | type(None)):
             h.update(f"{name}={obj!r}".encode())
-        elif isinstance(obj, dict | list | set):
+        elif isinstance(obj, re.Pattern):  # its repr is cut at 200 characters
+            h.update(f"{name}={obj.pattern!r}/{obj.flags}".encode())
+        elif isinstance(obj, dict | list | tuple | set | frozenset):  # as JSON: a set's repr follows the hash seed
             data = _plain_data(obj)
             if data is None:
                 return None
