@@ -376,7 +376,7 @@ def test_cache_list_and_clear(tmp_path, capsys, monkeypatch):
     out = capsys.readouterr().out
     assert str(cache) in out and "2 entries" in out and real in out and partial.name in out
     assert "complete" in out and "1/3 shards" in out and "my_notes" not in out
-    assert "trl_variants/default" in out  # the model that made the complete entry (the tiny default's path)
+    assert " tiny\n" in out  # the model that made the complete entry (the tiny default, by the name records use)
     # the default location: $TRL_VARIANTS_CACHE
     monkeypatch.setenv("TRL_VARIANTS_CACHE", str(cache))
     cli.main(["cache", "list"])

@@ -82,11 +82,11 @@ def test_a_method_with_dynamic_sampling_cites_dapo(tmp_path):
     assert "Xiao Bi and Haowei Zhang" in card  # GRPO's author list as the papers give it
 
 
-def test_public_names():
+def test_public_names(tmp_path):
     from trl_variants._card import public_name
 
     assert public_name("Qwen/Qwen2.5-Math-7B") == "Qwen/Qwen2.5-Math-7B"
-    assert public_name("/scratch/alice/runs/qwen-dph/") == "qwen-dph"
+    assert public_name(f"{tmp_path}/runs/qwen-dph/") == "qwen-dph"
     assert public_name("./out/model") == "model"
     assert public_name(str(DEFAULT_MODEL_PATH)) == "tiny"
     assert public_name(None) is None

@@ -16,8 +16,8 @@ _NONE_BASE = "[None](https://huggingface.co/None)"
 
 def public_name(name_or_path: str | None) -> str | None:
     """How a card or a published record names a model or a dataset: a Hub id as it is; a local directory by its last
-    part (its full path, e.g. ``/scratch/alice/qwen``, names a user and a machine, and means nothing on the Hub); the
-    tiny default shipped with the package as ``tiny``."""
+    part (its full path, e.g. under a user's home or scratch directory, names a user and a machine, and means nothing
+    on the Hub); the tiny default shipped with the package as ``tiny``."""
     if not name_or_path:
         return name_or_path
     from .default import DEFAULT_MODEL_PATH
