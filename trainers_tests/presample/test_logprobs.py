@@ -29,7 +29,9 @@ def test_a_forward_takes_fewer_rows_where_its_logits_would_pass_the_budget_and_s
 
 
 def test_evaluations_default_batch_of_long_rows_of_qwens_vocabulary_is_cut_to_fit():
-    qwen = SimpleNamespace(get_output_embeddings=lambda: SimpleNamespace(weight=torch.empty(151936, 0)))
+    # the config's vocabulary: under DeepSpeed ZeRO-3 the partitioned head holds 0 rows on each process
+    qwen = SimpleNamespace(config=SimpleNamespace(vocab_size=151936),
+                           get_output_embeddings=lambda: SimpleNamespace(weight=torch.empty(0, 0)))
     assert rows_per_forward(qwen, 32, 4097) == 1  # 32 x 4096 x 151936 float32 logits: 80 GB a copy
     assert rows_per_forward(qwen, 32, 513) == 3
     assert rows_per_forward(qwen, 32, 17) == 32  # short rows: the batch as asked

@@ -25,8 +25,13 @@ Qwen2.5's 152k-token vocabulary would hold 80 GB in each copy, more than a GPU h
 
 
 def _vocab_size(model) -> int:
+    """The logits' width: the config's ``vocab_size`` (a head partitioned by DeepSpeed ZeRO-3 holds 0 rows here),
+    else the output head's rows."""
+    size = getattr(getattr(model, "config", None), "vocab_size", None)
+    if size:
+        return size
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    return head.weight.size(0) if head is not None else model.config.vocab_size
+    return head.weight.size(0) if head is not None else 1
 
 
 def rows_per_forward(model, batch_size: int, width: int) -> int:
