@@ -126,8 +126,9 @@ def test_the_key_of_a_reward_reading_a_set_or_a_long_pattern_is_stable_and_sees_
     (folder / "set_reward_mod.py").write_text(REWARD_READING_A_SET_AND_A_LONG_PATTERN % "A")
     first, second = (_fingerprint_in_a_new_interpreter(folder, seed) for seed in ("1", "2"))
     assert first == second and first != "None"
-    (folder / "set_reward_mod.py").write_text(REWARD_READING_A_SET_AND_A_LONG_PATTERN % "B")
-    assert _fingerprint_in_a_new_interpreter(folder, "1") not in (first, "None")
+    a, b = (reward_fingerprint(_reward_module(tmp_path, REWARD_READING_A_SET_AND_A_LONG_PATTERN % end).my_reward)
+            for end in ("A", "B"))  # the patterns differ after 250 characters
+    assert None not in (a, b) and a != b
 
 
 def test_unfingerprintable_reward_reuses_samples_and_rescores(tmp_path, prompts, tiny_model, tiny_tokenizer,
