@@ -93,16 +93,17 @@ def command_text(prog: str | None, argv: list[str]) -> str:
             return recipe_name(path)
         return public_name(value) if os.path.isabs(value) else value
 
-    words, hide = [], False
+    words, hide = [], False  # hide: this argument is the value of the token flag before it
     for arg in argv:
         name, eq, value = arg.partition("=")
+        secret = not hide and arg.startswith("--") and "token" in name
         if hide:
             words.append("***")
-        elif arg.startswith("--") and "token" in name:
+        elif secret:
             words.append(f"{name}=***" if eq else arg)
         else:
             words.append(f"{name}={shown(value)}" if arg.startswith("--") and eq else shown(arg))
-        hide = not hide and arg.startswith("--") and "token" in name and not eq
+        hide = secret and not eq
     script = os.path.relpath(sys.argv[0]) if sys.argv[0] else "train.py"
     head = shlex.split(prog) if prog else ["python", os.path.basename(script) if script.startswith("..") else script]
     return shlex.join(head + words)
